@@ -1,0 +1,165 @@
+/* Job files: the declarative table of every key, and validation of the whole job. */
+#include "job.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define FIELD(f) offsetof(omv_job_t, f)
+#define STR(f) OMV_CONFIG_STRING, FIELD(f), sizeof(((omv_job_t *)0)->f)
+#define INT(f) OMV_CONFIG_INT, FIELD(f), 0
+#define DBL(f) OMV_CONFIG_DOUBLE, FIELD(f), 0
+
+#define FMNIST "/usr/share/datasets/fashion-mnist/"
+
+const omv_config_entry_t omv_job_table[] = {
+    {"job", "name", STR(name), "job", 0, 0, 0, "a name for logs and status"},
+    {"job", "epochs", INT(epochs), "3", 1, 10000, 0, "passes over the training set"},
+    {"job", "seed", INT(seed), "42", 0, 9.0e15, 0, "seed for initialisation and shuffles"},
+    {"model", "layers", STR(layers_text), NULL, 0, 0, OMV_CONFIG_REQUIRED,
+     "MLP widths, input first, e.g. 784 256 10 (ReLU between, softmax cross-entropy at the end)"},
+    {"data", "train_images", STR(train_images), FMNIST "train-images-idx3-ubyte.gz", 0, 0, 0,
+     "IDX images, raw or gzipped"},
+    {"data", "train_labels", STR(train_labels), FMNIST "train-labels-idx1-ubyte.gz", 0, 0, 0,
+     "IDX labels"},
+    {"data", "test_images", STR(test_images), FMNIST "t10k-images-idx3-ubyte.gz", 0, 0, 0,
+     "IDX test images"},
+    {"data", "test_labels", STR(test_labels), FMNIST "t10k-labels-idx1-ubyte.gz", 0, 0, 0,
+     "IDX test labels"},
+    {"data", "train_limit", INT(train_limit), "0", 0, 1e9, 0,
+     "use only the first N training images (0: all)"},
+    {"train", "batch_size", INT(batch_size), "64", 1, 65536, 0,
+     "images per step of a compute group, split evenly among its workers"},
+    {"train", "learning_rate", DBL(learning_rate), "0.01", 0, 100, 0, "SGD step size"},
+    {"train", "momentum", DBL(momentum), "0.9", 0, 0.999, 0, "SGD momentum"},
+    {"train", "weight_decay", DBL(weight_decay), "0", 0, 1, 0, "L2 penalty added to gradients"},
+    {"cluster", "workers", INT(workers), "2", 1, 1024, 0, "trainer processes the job waits for"},
+    {"cluster", "groups", INT(groups), "1", 1, 1024, 0,
+     "compute groups: synchronous inside, asynchronous across"},
+    {"cluster", "staleness", INT(staleness), "none", 0, 1e6, OMV_CONFIG_NONE_IS_NEG,
+     "bound s across groups (0: lock-step; none or -1: no bound)"},
+    {"cluster", "shards", INT(shards), "2", 1, 256, 0, "parameter shards on the daemon"},
+    {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
+     "a worker silent this long is declared dead"},
+    {"eval", "every_epochs", DBL(eval_every_epochs), "0.5", 0, 1000, 0,
+     "evaluate on the test set this often (0: only at the end)"},
+    {"eval", "batch_size", INT(eval_batch_size), "1000", 1, 65536, 0, "images per eval batch"},
+    {"eval", "progress_interval_s", DBL(progress_interval_s), "2", 0.1, 3600, 0,
+     "seconds between progress lines"},
+};
+const size_t omv_job_table_len = OMV_ARRAY_SIZE(omv_job_table);
+
+int omv_job_parse_layers(const char *text, uint32_t *ret_widths, size_t cap)
+{
+    uint32_t widths[OMV_JOB_MAX_LAYERS];
+    size_t n = 0;
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ' || *p == ',' || *p == '\t')
+            p++;
+        if (*p == '\0')
+            break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > 1 << 20 || n == cap || n == OMV_JOB_MAX_LAYERS)
+            return -EINVAL;
+        widths[n++] = (uint32_t)v;
+        p = end;
+        if (*p != '\0' && *p != ' ' && *p != ',' && *p != '\t')
+            return -EINVAL;
+    }
+    memcpy(ret_widths, widths, n * sizeof(uint32_t));
+    return (int)n;
+}
+
+/* Makes a relative path relative to the job file's folder. */
+static int resolve(char *path, size_t cap, const char *job_path)
+{
+    if (path[0] == '/' || path[0] == '\0')
+        return 0;
+    const char *slash = strrchr(job_path, '/');
+    if (slash == NULL)
+        return 0;
+    char joined[OMV_JOB_PATH_MAX * 2];
+    snprintf(joined, sizeof(joined), "%.*s/%s", (int)(slash - job_path), job_path, path);
+    return omv_strlcpy(path, joined, cap);
+}
+
+int omv_job_validate(omv_job_t *job, const char *path, char *err)
+{
+    int n = omv_job_parse_layers(job->layers_text, job->layers, OMV_JOB_MAX_LAYERS);
+    if (n < 2) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [model] layers: '%s' must be 2 to %d positive widths, input first",
+                 path, job->layers_text, OMV_JOB_MAX_LAYERS);
+        return -EINVAL;
+    }
+    job->n_layers = (uint32_t)n;
+    if (job->layers[n - 1] < 2) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [model] layers: the output needs at least 2 classes",
+                 path);
+        return -EINVAL;
+    }
+    if (job->groups > job->workers) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [cluster] groups: %lld groups need at least as many workers (have %lld)",
+                 path, (long long)job->groups, (long long)job->workers);
+        return -EINVAL;
+    }
+    if (job->workers % job->groups != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [cluster] groups: %lld workers do not split evenly into %lld groups", path,
+                 (long long)job->workers, (long long)job->groups);
+        return -EINVAL;
+    }
+    int64_t per_group = job->workers / job->groups;
+    if (job->batch_size % per_group != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [train] batch_size: %lld images do not split evenly among the %lld workers "
+                 "of a group", path, (long long)job->batch_size, (long long)per_group);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
+{
+    omv_job_t job;
+    memset(&job, 0, sizeof(job));
+    int r = omv_config_defaults(omv_job_table, omv_job_table_len, &job);
+    if (r < 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: internal error in job defaults", path);
+        return r;
+    }
+    int lines[OMV_ARRAY_SIZE(omv_job_table)];
+    r = omv_config_load(omv_job_table, omv_job_table_len, path, &job, lines, err);
+    if (r < 0)
+        return r;
+    int n = omv_job_parse_layers(job.layers_text, job.layers, OMV_JOB_MAX_LAYERS);
+    if (n < 2) {
+        int line = 0;
+        for (size_t i = 0; i < omv_job_table_len; i++)
+            if (strcmp(omv_job_table[i].key, "layers") == 0)
+                line = lines[i];
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s:%d: [model] layers: '%s' must be 2 to %d positive widths, input first", path,
+                 line, job.layers_text, OMV_JOB_MAX_LAYERS);
+        return -EINVAL;
+    }
+    char *paths[] = {job.train_images, job.train_labels, job.test_images, job.test_labels};
+    for (size_t i = 0; i < OMV_ARRAY_SIZE(paths); i++) {
+        if (resolve(paths[i], OMV_JOB_PATH_MAX, path) < 0) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: path '%s' is too long", path, paths[i]);
+            return -ENAMETOOLONG;
+        }
+    }
+    r = omv_job_validate(&job, path, err);
+    if (r < 0)
+        return r;
+    *ret_job = job;
+    return 0;
+}

@@ -1,0 +1,59 @@
+/* A training job as a person writes it: an INI job file (model, data, hyperparameters,
+ * consistency, evaluation), parsed and validated into omv_job_t. */
+#pragma once
+
+#include <limits.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+#define OMV_JOB_MAX_LAYERS 16
+#define OMV_JOB_PATH_MAX 1024
+
+typedef struct {
+    /* [job] */
+    char name[64];
+    int64_t epochs;
+    int64_t seed;
+    /* [model] */
+    char layers_text[256];
+    uint32_t layers[OMV_JOB_MAX_LAYERS]; /* widths, input first; parsed from layers_text */
+    uint32_t n_layers;
+    /* [data] */
+    char train_images[OMV_JOB_PATH_MAX];
+    char train_labels[OMV_JOB_PATH_MAX];
+    char test_images[OMV_JOB_PATH_MAX];
+    char test_labels[OMV_JOB_PATH_MAX];
+    int64_t train_limit; /* use only the first N training images; 0: all */
+    /* [train] */
+    int64_t batch_size; /* per compute group; each of its workers takes an equal part */
+    double learning_rate;
+    double momentum;
+    double weight_decay;
+    /* [cluster] */
+    int64_t workers;
+    int64_t groups;
+    int64_t staleness; /* -1: no bound */
+    int64_t shards;
+    double worker_timeout_s;
+    /* [eval] */
+    double eval_every_epochs; /* 0: only at the end */
+    int64_t eval_batch_size;
+    double progress_interval_s;
+} omv_job_t;
+
+extern const omv_config_entry_t omv_job_table[];
+extern const size_t omv_job_table_len;
+
+/* Loads and validates a job file. Relative data paths are taken relative to the job file's
+ * folder. On failure returns a negative errno and writes "file:line: [section] key: reason"
+ * into err[OMV_CONFIG_ERR_MAX]. */
+int omv_job_load(omv_job_t *ret_job, const char *path, char *err);
+
+/* Validates cross-key rules (layers, groups vs workers); also after command-line overrides.
+ * path names the file in messages. */
+int omv_job_validate(omv_job_t *job, const char *path, char *err);
+
+/* Parses "784 256 10" (spaces or commas) into widths. Returns the count or -EINVAL. */
+int omv_job_parse_layers(const char *text, uint32_t *ret_widths, size_t cap);

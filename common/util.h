@@ -1,0 +1,20 @@
+/* Small shared helpers: monotonic time, error names, checked string copies. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define OMV_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Monotonic clock in milliseconds and seconds. */
+int64_t omv_time_ms(void);
+double omv_time_s(void);
+
+/* Names a negative errno (or our protocol codes) for messages. */
+const char *omv_strerror(int err);
+
+/* Copies src into dst[cap], always terminating; returns -ENAMETOOLONG when it had to cut. */
+int omv_strlcpy(char *dst, const char *src, size_t cap);
+
+/* True when every one of the n floats is finite. */
+int omv_all_finite(const float *v, size_t n);

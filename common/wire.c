@@ -1,0 +1,331 @@
+/* protobuf-c <-> our message structs. Decoding runs in a per-thread arena so that the hot path
+ * (pull, params, push) allocates nothing on the heap and nothing leaks on a malformed message. */
+#include "wire.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "omnivore.pb-c.h"
+#include "util.h"
+
+/* Big enough for the largest valid envelope unpacked (a Welcome with four long paths). */
+#define ARENA_SIZE (256 * 1024)
+
+typedef struct {
+    size_t used;
+    _Alignas(16) unsigned char mem[ARENA_SIZE];
+} arena_t;
+
+static _Thread_local arena_t arena;
+
+static void *arena_alloc(void *data, size_t size)
+{
+    arena_t *a = data;
+    size = (size + 15) & ~(size_t)15;
+    if (size > ARENA_SIZE - a->used)
+        return NULL;
+    void *p = a->mem + a->used;
+    a->used += size;
+    return p;
+}
+
+static void arena_free(void *data, void *ptr)
+{
+    (void)data;
+    (void)ptr; /* released all at once when the next decode starts */
+}
+
+static const char *const refuse_names[] = {
+    "none", "malformed", "version", "unknown_worker", "shape", "not_finite", "step", "full", "role",
+};
+
+const char *omv_refuse_name(omv_refuse_t code)
+{
+    if ((unsigned)code < OMV_ARRAY_SIZE(refuse_names))
+        return refuse_names[code];
+    return "unknown";
+}
+
+static const char *const msg_names[] = {
+    "none",   "hello",     "welcome",      "pull",        "params", "push",
+    "heartbeat", "eval_request", "eval_result", "error",  "stop",
+};
+
+const char *omv_msg_name(omv_msg_type_t type)
+{
+    if ((unsigned)type < OMV_ARRAY_SIZE(msg_names))
+        return msg_names[type];
+    return "unknown";
+}
+
+uint32_t omv_wire_payload_count(const omv_msg_t *msg)
+{
+    switch (msg->type) {
+    case OMV_MSG_PARAMS:
+        return msg->u.params.count;
+    case OMV_MSG_PUSH:
+        return msg->u.push.count;
+    case OMV_MSG_EVAL_REQUEST:
+        return msg->u.eval_request.count;
+    default:
+        return 0;
+    }
+}
+
+int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_len)
+{
+    Omnivore__Envelope env = OMNIVORE__ENVELOPE__INIT;
+    Omnivore__Hello hello = OMNIVORE__HELLO__INIT;
+    Omnivore__Welcome welcome = OMNIVORE__WELCOME__INIT;
+    Omnivore__JobSpec job = OMNIVORE__JOB_SPEC__INIT;
+    Omnivore__Pull pull = OMNIVORE__PULL__INIT;
+    Omnivore__Params params = OMNIVORE__PARAMS__INIT;
+    Omnivore__Push push = OMNIVORE__PUSH__INIT;
+    Omnivore__Heartbeat heartbeat = OMNIVORE__HEARTBEAT__INIT;
+    Omnivore__EvalRequest ereq = OMNIVORE__EVAL_REQUEST__INIT;
+    Omnivore__EvalResult eres = OMNIVORE__EVAL_RESULT__INIT;
+    Omnivore__Error error = OMNIVORE__ERROR__INIT;
+    Omnivore__Stop stop = OMNIVORE__STOP__INIT;
+
+    switch (msg->type) {
+    case OMV_MSG_HELLO: {
+        const omv_hello_t *h = &msg->u.hello;
+        hello.protocol_version = h->protocol_version;
+        hello.role = (Omnivore__Role)h->role;
+        hello.hostname = (char *)h->hostname;
+        hello.pid = h->pid;
+        hello.threads = h->threads;
+        env.hello = &hello;
+        break;
+    }
+    case OMV_MSG_WELCOME: {
+        const omv_welcome_t *w = &msg->u.welcome;
+        const omv_jobspec_t *j = &w->job;
+        welcome.protocol_version = w->protocol_version;
+        welcome.worker_id = w->worker_id;
+        welcome.group = w->group;
+        job.name = (char *)j->name;
+        job.n_layers = j->n_layers;
+        job.layers = (uint32_t *)j->layers;
+        job.train_images = (char *)j->train_images;
+        job.train_labels = (char *)j->train_labels;
+        job.test_images = (char *)j->test_images;
+        job.test_labels = (char *)j->test_labels;
+        job.batch_size = j->batch_size;
+        job.seed = j->seed;
+        job.slice_begin = j->slice_begin;
+        job.slice_count = j->slice_count;
+        job.steps_per_epoch = j->steps_per_epoch;
+        job.total_steps = j->total_steps;
+        job.param_count = j->param_count;
+        job.n_shard_offsets = j->n_shards + 1;
+        job.shard_offsets = (uint32_t *)j->shard_offsets;
+        job.eval_batch_size = j->eval_batch_size;
+        welcome.job = &job;
+        env.welcome = &welcome;
+        break;
+    }
+    case OMV_MSG_PULL:
+        pull.worker_id = msg->u.pull.worker_id;
+        pull.step = msg->u.pull.step;
+        env.pull = &pull;
+        break;
+    case OMV_MSG_PARAMS: {
+        const omv_params_t *p = &msg->u.params;
+        params.step = p->step;
+        params.shard = p->shard;
+        params.offset = p->offset;
+        params.count = p->count;
+        params.group = p->group;
+        env.params = &params;
+        break;
+    }
+    case OMV_MSG_PUSH: {
+        const omv_push_t *p = &msg->u.push;
+        push.worker_id = p->worker_id;
+        push.step = p->step;
+        push.shard = p->shard;
+        push.offset = p->offset;
+        push.count = p->count;
+        push.loss = p->loss;
+        push.samples = p->samples;
+        push.compute_ms = p->compute_ms;
+        env.push = &push;
+        break;
+    }
+    case OMV_MSG_HEARTBEAT:
+        heartbeat.worker_id = msg->u.heartbeat.worker_id;
+        env.heartbeat = &heartbeat;
+        break;
+    case OMV_MSG_EVAL_REQUEST:
+        ereq.eval_id = msg->u.eval_request.eval_id;
+        ereq.count = msg->u.eval_request.count;
+        env.eval_request = &ereq;
+        break;
+    case OMV_MSG_EVAL_RESULT: {
+        const omv_eval_result_t *e = &msg->u.eval_result;
+        eres.worker_id = e->worker_id;
+        eres.eval_id = e->eval_id;
+        eres.correct = e->correct;
+        eres.total = e->total;
+        eres.loss = e->loss;
+        env.eval_result = &eres;
+        break;
+    }
+    case OMV_MSG_ERROR:
+        error.code = (Omnivore__ErrorCode)msg->u.error.code;
+        error.reason = (char *)msg->u.error.reason;
+        env.error = &error;
+        break;
+    case OMV_MSG_STOP:
+        stop.reason = (char *)msg->u.stop.reason;
+        env.stop = &stop;
+        break;
+    default:
+        return -EINVAL;
+    }
+    /* Our type numbers are the envelope's oneof field numbers. */
+    env.body_case = (Omnivore__Envelope__BodyCase)msg->type;
+    size_t need = omnivore__envelope__get_packed_size(&env);
+    if (need > cap)
+        return -EMSGSIZE;
+    *ret_len = omnivore__envelope__pack(&env, buf);
+    return 0;
+}
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        if (why)                                                                                   \
+            snprintf(why, OMV_WIRE_REASON_MAX, __VA_ARGS__);                                       \
+        return -EPROTO;                                                                            \
+    } while (0)
+
+static int copy_str(char *dst, size_t cap, const char *src, const char *what, char *why)
+{
+    if (omv_strlcpy(dst, src ? src : "", cap) < 0)
+        FAIL("%s longer than %zu bytes", what, cap - 1);
+    return 0;
+}
+
+static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *why)
+{
+    if (j == NULL)
+        FAIL("welcome without a job");
+    if (j->n_layers < 2 || j->n_layers > OMV_JOB_MAX_LAYERS)
+        FAIL("job has %zu layers, expected 2 to %d", j->n_layers, OMV_JOB_MAX_LAYERS);
+    if (j->n_shard_offsets < 2 || j->n_shard_offsets > OMV_WIRE_MAX_SHARDS + 1)
+        FAIL("job has %zu shard offsets, expected 2 to %d", j->n_shard_offsets,
+             OMV_WIRE_MAX_SHARDS + 1);
+    if (copy_str(out->name, sizeof(out->name), j->name, "job name", why) < 0 ||
+        copy_str(out->train_images, OMV_JOB_PATH_MAX, j->train_images, "path", why) < 0 ||
+        copy_str(out->train_labels, OMV_JOB_PATH_MAX, j->train_labels, "path", why) < 0 ||
+        copy_str(out->test_images, OMV_JOB_PATH_MAX, j->test_images, "path", why) < 0 ||
+        copy_str(out->test_labels, OMV_JOB_PATH_MAX, j->test_labels, "path", why) < 0)
+        return -EPROTO;
+    out->n_layers = (uint32_t)j->n_layers;
+    memcpy(out->layers, j->layers, j->n_layers * sizeof(uint32_t));
+    out->n_shards = (uint32_t)j->n_shard_offsets - 1;
+    memcpy(out->shard_offsets, j->shard_offsets, j->n_shard_offsets * sizeof(uint32_t));
+    for (uint32_t i = 0; i < out->n_shards; i++)
+        if (out->shard_offsets[i] > out->shard_offsets[i + 1])
+            FAIL("shard offsets are not ascending");
+    if (out->shard_offsets[0] != 0 || out->shard_offsets[out->n_shards] != j->param_count)
+        FAIL("shard offsets do not cover the %u parameters", j->param_count);
+    out->batch_size = j->batch_size;
+    out->seed = j->seed;
+    out->slice_begin = j->slice_begin;
+    out->slice_count = j->slice_count;
+    out->steps_per_epoch = j->steps_per_epoch;
+    out->total_steps = j->total_steps;
+    out->param_count = j->param_count;
+    out->eval_batch_size = j->eval_batch_size;
+    return 0;
+}
+
+static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
+{
+    switch (env->body_case) {
+    case OMNIVORE__ENVELOPE__BODY_HELLO: {
+        const Omnivore__Hello *h = env->hello;
+        m->u.hello.protocol_version = h->protocol_version;
+        if ((unsigned)h->role > OMV_ROLE_EVALUATOR)
+            FAIL("unknown role %d", (int)h->role);
+        m->u.hello.role = (omv_role_t)h->role;
+        m->u.hello.pid = h->pid;
+        m->u.hello.threads = h->threads;
+        return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname,
+                        "hostname", why);
+    }
+    case OMNIVORE__ENVELOPE__BODY_WELCOME:
+        m->u.welcome.protocol_version = env->welcome->protocol_version;
+        m->u.welcome.worker_id = env->welcome->worker_id;
+        m->u.welcome.group = env->welcome->group;
+        return decode_jobspec(env->welcome->job, &m->u.welcome.job, why);
+    case OMNIVORE__ENVELOPE__BODY_PULL:
+        m->u.pull.worker_id = env->pull->worker_id;
+        m->u.pull.step = env->pull->step;
+        return 0;
+    case OMNIVORE__ENVELOPE__BODY_PARAMS: {
+        const Omnivore__Params *p = env->params;
+        m->u.params = (omv_params_t){p->step, p->shard, p->offset, p->count, p->group};
+        return 0;
+    }
+    case OMNIVORE__ENVELOPE__BODY_PUSH: {
+        const Omnivore__Push *p = env->push;
+        m->u.push = (omv_push_t){p->worker_id, p->step,    p->shard,      p->offset,
+                                 p->count,     p->loss,    p->samples,    p->compute_ms};
+        return 0;
+    }
+    case OMNIVORE__ENVELOPE__BODY_HEARTBEAT:
+        m->u.heartbeat.worker_id = env->heartbeat->worker_id;
+        return 0;
+    case OMNIVORE__ENVELOPE__BODY_EVAL_REQUEST:
+        m->u.eval_request.eval_id = env->eval_request->eval_id;
+        m->u.eval_request.count = env->eval_request->count;
+        return 0;
+    case OMNIVORE__ENVELOPE__BODY_EVAL_RESULT: {
+        const Omnivore__EvalResult *e = env->eval_result;
+        m->u.eval_result = (omv_eval_result_t){e->worker_id, e->eval_id, e->correct, e->total,
+                                               e->loss};
+        return 0;
+    }
+    case OMNIVORE__ENVELOPE__BODY_ERROR:
+        m->u.error.code = (unsigned)env->error->code < OMV_REFUSE_COUNT_
+                              ? (omv_refuse_t)env->error->code
+                              : OMV_REFUSE_MALFORMED;
+        return copy_str(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason",
+                        why);
+    case OMNIVORE__ENVELOPE__BODY_STOP:
+        return copy_str(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
+    default:
+        FAIL("envelope has no message");
+    }
+}
+
+int omv_wire_decode(const uint8_t *buf, size_t len, omv_msg_t *ret, char *why)
+{
+    if (len > OMV_WIRE_MAX_ENVELOPE)
+        FAIL("envelope of %zu bytes is over the %d-byte limit", len, OMV_WIRE_MAX_ENVELOPE);
+    ProtobufCAllocator alloc = {arena_alloc, arena_free, &arena};
+    arena.used = 0;
+    Omnivore__Envelope *env = omnivore__envelope__unpack(&alloc, len, buf);
+    if (env == NULL)
+        FAIL("%zu bytes are not a valid envelope", len);
+    memset(ret, 0, offsetof(omv_msg_t, u));
+    ret->type = (omv_msg_type_t)env->body_case;
+    int r = decode_body(env, ret, why);
+    arena.used = 0;
+    return r;
+}
+
+void omv_wire_error(omv_msg_t *msg, omv_refuse_t code, const char *fmt, ...)
+{
+    msg->type = OMV_MSG_ERROR;
+    msg->u.error.code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg->u.error.reason, sizeof(msg->u.error.reason), fmt, ap);
+    va_end(ap);
+}

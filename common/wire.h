@@ -1,0 +1,166 @@
+/* The wire format: our message structs <-> protobuf-c envelopes. protobuf-c lives behind this
+ * file only. A ZeroMQ message is one envelope frame and, for parameters, gradients and eval
+ * snapshots, one frame of `count` raw little-endian float32 values. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "job.h"
+
+/* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
+#define OMV_PROTOCOL_VERSION 1
+
+/* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
+#define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
+#define OMV_WIRE_MAX_SHARDS 256
+#define OMV_WIRE_REASON_MAX 256
+
+typedef enum {
+    OMV_MSG_NONE = 0,
+    OMV_MSG_HELLO,
+    OMV_MSG_WELCOME,
+    OMV_MSG_PULL,
+    OMV_MSG_PARAMS,
+    OMV_MSG_PUSH,
+    OMV_MSG_HEARTBEAT,
+    OMV_MSG_EVAL_REQUEST,
+    OMV_MSG_EVAL_RESULT,
+    OMV_MSG_ERROR,
+    OMV_MSG_STOP,
+} omv_msg_type_t;
+
+typedef enum {
+    OMV_ROLE_TRAINER = 0,
+    OMV_ROLE_EVALUATOR = 1,
+} omv_role_t;
+
+/* Refusal reasons; the same numbers as ErrorCode in omnivore.proto. */
+typedef enum {
+    OMV_REFUSE_NONE = 0,
+    OMV_REFUSE_MALFORMED,
+    OMV_REFUSE_VERSION,
+    OMV_REFUSE_UNKNOWN_WORKER,
+    OMV_REFUSE_SHAPE,
+    OMV_REFUSE_NOT_FINITE,
+    OMV_REFUSE_STEP,
+    OMV_REFUSE_FULL,
+    OMV_REFUSE_ROLE,
+    OMV_REFUSE_COUNT_ /* number of reasons */
+} omv_refuse_t;
+
+/* Names a refusal reason for logs and status keys ("malformed", "not_finite", ...). */
+const char *omv_refuse_name(omv_refuse_t code);
+
+typedef struct {
+    uint32_t protocol_version;
+    omv_role_t role;
+    char hostname[64];
+    uint32_t pid;
+    uint32_t threads;
+} omv_hello_t;
+
+typedef struct {
+    char name[64];
+    uint32_t layers[OMV_JOB_MAX_LAYERS];
+    uint32_t n_layers;
+    char train_images[OMV_JOB_PATH_MAX];
+    char train_labels[OMV_JOB_PATH_MAX];
+    char test_images[OMV_JOB_PATH_MAX];
+    char test_labels[OMV_JOB_PATH_MAX];
+    uint32_t batch_size;
+    uint64_t seed;
+    uint32_t slice_begin, slice_count;
+    uint32_t steps_per_epoch, total_steps;
+    uint32_t param_count;
+    uint32_t shard_offsets[OMV_WIRE_MAX_SHARDS + 1];
+    uint32_t n_shards;
+    uint32_t eval_batch_size;
+} omv_jobspec_t;
+
+typedef struct {
+    uint32_t protocol_version;
+    uint32_t worker_id;
+    uint32_t group;
+    omv_jobspec_t job;
+} omv_welcome_t;
+
+typedef struct {
+    uint32_t worker_id;
+    uint64_t step;
+} omv_pull_t;
+
+typedef struct {
+    uint64_t step;
+    uint32_t shard, offset, count; /* count floats follow */
+    uint32_t group;
+} omv_params_t;
+
+typedef struct {
+    uint32_t worker_id;
+    uint64_t step;
+    uint32_t shard, offset, count; /* count floats follow */
+    float loss;
+    uint32_t samples;
+    float compute_ms;
+} omv_push_t;
+
+typedef struct {
+    uint32_t worker_id;
+} omv_heartbeat_t;
+
+typedef struct {
+    uint64_t eval_id;
+    uint32_t count; /* count floats follow: the whole model */
+} omv_eval_request_t;
+
+typedef struct {
+    uint32_t worker_id;
+    uint64_t eval_id;
+    uint32_t correct, total;
+    float loss;
+} omv_eval_result_t;
+
+typedef struct {
+    omv_refuse_t code;
+    char reason[OMV_WIRE_REASON_MAX];
+} omv_error_t;
+
+typedef struct {
+    char reason[OMV_WIRE_REASON_MAX];
+} omv_stop_t;
+
+typedef struct {
+    omv_msg_type_t type;
+    union {
+        omv_hello_t hello;
+        omv_welcome_t welcome;
+        omv_pull_t pull;
+        omv_params_t params;
+        omv_push_t push;
+        omv_heartbeat_t heartbeat;
+        omv_eval_request_t eval_request;
+        omv_eval_result_t eval_result;
+        omv_error_t error;
+        omv_stop_t stop;
+    } u;
+} omv_msg_t;
+
+/* Names a message type for logs. */
+const char *omv_msg_name(omv_msg_type_t type);
+
+/* Floats that must follow this message in its second frame (0 for none). */
+uint32_t omv_wire_payload_count(const omv_msg_t *msg);
+
+/* Encodes msg into buf[cap]. Returns 0 and the length in ret_len, -EMSGSIZE when it does not
+ * fit, -EINVAL for a message we cannot send (unknown type). Allocates nothing. */
+int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_len);
+
+/* Decodes len bytes into ret. Returns 0, or -EPROTO with the reason in why[OMV_WIRE_REASON_MAX]
+ * (optional) for bytes that are not a well-formed envelope within our limits. Allocates nothing
+ * on the heap (protobuf-c works in a per-thread arena). */
+int omv_wire_decode(const uint8_t *buf, size_t len, omv_msg_t *ret, char *why);
+
+/* Convenience constructors. */
+void omv_wire_error(omv_msg_t *msg, omv_refuse_t code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));

@@ -1,0 +1,30 @@
+/* omnivored's core: one event loop that owns the worker endpoint, the control socket, the
+ * model's shards, the compute groups, the job's progress and its evaluation schedule. */
+#pragma once
+
+#include <signal.h>
+
+#include "config.h"
+#include "job.h"
+
+typedef struct {
+    char endpoint[256];     /* worker endpoint to bind */
+    char control[108];      /* control socket path */
+    char job[OMV_JOB_PATH_MAX]; /* job file to run */
+    char log_level[16];
+} omv_daemon_config_t;
+
+extern const omv_config_entry_t omv_daemon_table[];
+extern const size_t omv_daemon_table_len;
+
+typedef struct omv_daemon omv_daemon_t;
+
+/* Binds the endpoint and the control socket and lays out the job's model (job is copied).
+ * Returns NULL with errno set after logging what failed. Caller owns; omv_daemon_destroy. */
+omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *job,
+                             const char *job_path);
+void omv_daemon_destroy(omv_daemon_t **self_p);
+
+/* Runs the loop until *stop is set (a signal) or a client asks for shutdown; stops the workers
+ * on the way out. Returns 0 or a negative errno. */
+int omv_daemon_run(omv_daemon_t *self, volatile sig_atomic_t *stop);

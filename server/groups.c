@@ -1,0 +1,229 @@
+/* Compute groups: membership, clocks, arrival of gradients, staleness. */
+#include "groups.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t clock;           /* steps completed: the step being gathered now */
+    uint32_t live;            /* live members */
+    uint32_t shards_applied;  /* shards of the current step already applied */
+    uint32_t *arrived;        /* [n_shards] pushes from live members this step */
+    uint32_t *counted;        /* [n_shards] gradients summed this step */
+    uint8_t *applied;         /* [n_shards] */
+} group_t;
+
+struct omv_groups {
+    uint32_t n_slots, n_groups, n_shards;
+    int64_t staleness;
+    omv_groups_events_t ev;
+    int32_t *slot_group; /* [n_slots], -1 empty */
+    uint8_t *pushed;     /* [n_slots][n_shards] this step */
+    group_t *groups;     /* [n_groups] */
+};
+
+omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_shards,
+                             int64_t staleness, const omv_groups_events_t *events)
+{
+    if (n_slots == 0 || n_groups == 0 || n_shards == 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    omv_groups_t *self = calloc(1, sizeof(*self));
+    if (self == NULL)
+        return NULL;
+    self->n_slots = n_slots;
+    self->n_groups = n_groups;
+    self->n_shards = n_shards;
+    self->staleness = staleness;
+    self->ev = *events;
+    self->slot_group = malloc(n_slots * sizeof(int32_t));
+    self->pushed = calloc((size_t)n_slots * n_shards, 1);
+    self->groups = calloc(n_groups, sizeof(group_t));
+    if (!self->slot_group || !self->pushed || !self->groups)
+        goto fail;
+    for (uint32_t i = 0; i < n_slots; i++)
+        self->slot_group[i] = -1;
+    for (uint32_t g = 0; g < n_groups; g++) {
+        group_t *gr = &self->groups[g];
+        gr->arrived = calloc(n_shards, sizeof(uint32_t));
+        gr->counted = calloc(n_shards, sizeof(uint32_t));
+        gr->applied = calloc(n_shards, 1);
+        if (!gr->arrived || !gr->counted || !gr->applied)
+            goto fail;
+    }
+    return self;
+fail:
+    omv_groups_destroy(&self);
+    errno = ENOMEM;
+    return NULL;
+}
+
+void omv_groups_destroy(omv_groups_t **self_p)
+{
+    omv_groups_t *self = *self_p;
+    if (self == NULL)
+        return;
+    for (uint32_t g = 0; self->groups && g < self->n_groups; g++) {
+        free(self->groups[g].arrived);
+        free(self->groups[g].counted);
+        free(self->groups[g].applied);
+    }
+    free(self->groups);
+    free(self->pushed);
+    free(self->slot_group);
+    free(self);
+    *self_p = NULL;
+}
+
+int omv_groups_join(omv_groups_t *self, uint32_t slot, uint32_t group)
+{
+    if (slot >= self->n_slots || group >= self->n_groups || self->slot_group[slot] >= 0)
+        return -EINVAL;
+    self->slot_group[slot] = (int32_t)group;
+    memset(self->pushed + (size_t)slot * self->n_shards, 0, self->n_shards);
+    self->groups[group].live++;
+    return 0;
+}
+
+/* Starts the group's next step: clears arrivals and every member's pushed flags. */
+static void next_step(omv_groups_t *self, uint32_t group)
+{
+    group_t *gr = &self->groups[group];
+    gr->clock++;
+    gr->shards_applied = 0;
+    memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
+    memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
+    memset(gr->applied, 0, self->n_shards);
+    for (uint32_t s = 0; s < self->n_slots; s++)
+        if (self->slot_group[s] == (int32_t)group)
+            memset(self->pushed + (size_t)s * self->n_shards, 0, self->n_shards);
+}
+
+/* Applies every shard that has all live members' gradients; advances the clock when all are. */
+static void settle(omv_groups_t *self, uint32_t group)
+{
+    group_t *gr = &self->groups[group];
+    if (gr->live == 0)
+        return;
+    for (uint32_t sh = 0; sh < self->n_shards; sh++) {
+        if (!gr->applied[sh] && gr->arrived[sh] >= gr->live) {
+            gr->applied[sh] = 1;
+            gr->shards_applied++;
+            if (self->ev.apply)
+                self->ev.apply(self->ev.ctx, group, sh, gr->counted[sh]);
+        }
+    }
+    if (gr->shards_applied == self->n_shards) {
+        next_step(self, group);
+        if (self->ev.advance)
+            self->ev.advance(self->ev.ctx, group, gr->clock);
+    }
+}
+
+void omv_groups_leave(omv_groups_t *self, uint32_t slot)
+{
+    if (slot >= self->n_slots || self->slot_group[slot] < 0)
+        return;
+    uint32_t group = (uint32_t)self->slot_group[slot];
+    group_t *gr = &self->groups[group];
+    self->slot_group[slot] = -1;
+    gr->live--;
+    /* Its gradients already summed this step stay counted; it is no longer waited for. */
+    for (uint32_t sh = 0; sh < self->n_shards; sh++)
+        if (self->pushed[(size_t)slot * self->n_shards + sh] && !gr->applied[sh])
+            gr->arrived[sh]--;
+    if (gr->live == 0) {
+        if (self->ev.retire)
+            self->ev.retire(self->ev.ctx, group);
+        memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
+        memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
+        return;
+    }
+    settle(self, group);
+}
+
+omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint64_t step,
+                                   uint32_t shard, char *why)
+{
+    if (slot >= self->n_slots || self->slot_group[slot] < 0) {
+        snprintf(why, OMV_WIRE_REASON_MAX, "slot %u has no live worker", slot);
+        return OMV_REFUSE_UNKNOWN_WORKER;
+    }
+    if (shard >= self->n_shards) {
+        snprintf(why, OMV_WIRE_REASON_MAX, "shard %u does not exist (%u shards)", shard,
+                 self->n_shards);
+        return OMV_REFUSE_SHAPE;
+    }
+    uint32_t group = (uint32_t)self->slot_group[slot];
+    const group_t *gr = &self->groups[group];
+    if (step != gr->clock) {
+        snprintf(why, OMV_WIRE_REASON_MAX, "gradient for step %llu but group %u is at step %llu",
+                 (unsigned long long)step, group, (unsigned long long)gr->clock);
+        return OMV_REFUSE_STEP;
+    }
+    if (self->pushed[(size_t)slot * self->n_shards + shard]) {
+        snprintf(why, OMV_WIRE_REASON_MAX, "shard %u of step %llu was already pushed", shard,
+                 (unsigned long long)step);
+        return OMV_REFUSE_STEP;
+    }
+    return OMV_REFUSE_NONE;
+}
+
+void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard, bool counted)
+{
+    uint32_t group = (uint32_t)self->slot_group[slot];
+    group_t *gr = &self->groups[group];
+    self->pushed[(size_t)slot * self->n_shards + shard] = 1;
+    gr->arrived[shard]++;
+    if (counted)
+        gr->counted[shard]++;
+    settle(self, group);
+}
+
+bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step)
+{
+    if (group >= self->n_groups || self->groups[group].clock != step)
+        return false;
+    if (self->staleness < 0)
+        return true;
+    for (uint32_t h = 0; h < self->n_groups; h++) {
+        if (h == group || self->groups[h].live == 0)
+            continue;
+        /* h must have finished step - s - 1, i.e. its clock is at least step - s. */
+        if (self->groups[h].clock + (uint64_t)self->staleness < step)
+            return false;
+    }
+    return true;
+}
+
+uint64_t omv_groups_clock(const omv_groups_t *self, uint32_t group)
+{
+    return self->groups[group].clock;
+}
+
+uint32_t omv_groups_live(const omv_groups_t *self, uint32_t group)
+{
+    return self->groups[group].live;
+}
+
+int omv_groups_of(const omv_groups_t *self, uint32_t slot)
+{
+    return slot < self->n_slots ? self->slot_group[slot] : -1;
+}
+
+uint32_t omv_groups_count(const omv_groups_t *self)
+{
+    return self->n_groups;
+}
+
+uint64_t omv_groups_min_clock(const omv_groups_t *self)
+{
+    uint64_t m = UINT64_MAX;
+    for (uint32_t g = 0; g < self->n_groups; g++)
+        if (self->groups[g].live > 0 && self->groups[g].clock < m)
+            m = self->groups[g].clock;
+    return m;
+}

@@ -1,0 +1,56 @@
+/* Compute groups and consistency: which worker slot belongs to which group, each group's clock,
+ * which gradients of the current step have arrived, and the staleness bound across groups.
+ * Pure bookkeeping: the daemon applies updates when told to through the callbacks. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+typedef struct {
+    /* A shard of the group's step has all live members' gradients: apply it. */
+    void (*apply)(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors);
+    /* Every shard of the group's step was applied; the group's clock is now `clock`. */
+    void (*advance)(void *ctx, uint32_t group, uint64_t clock);
+    /* The group lost its last live member: its pending sums are to be discarded. */
+    void (*retire)(void *ctx, uint32_t group);
+    void *ctx;
+} omv_groups_events_t;
+
+typedef struct omv_groups omv_groups_t;
+
+/* n_slots worker slots, n_groups groups, n_shards shards; staleness s >= 0 or -1 for no bound.
+ * Returns NULL with errno set. Caller owns; release with omv_groups_destroy. */
+omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_shards,
+                             int64_t staleness, const omv_groups_events_t *events);
+void omv_groups_destroy(omv_groups_t **self_p);
+
+/* Puts a live worker in slot into group. Returns 0 or -EINVAL (slot taken or out of range). */
+int omv_groups_join(omv_groups_t *self, uint32_t slot, uint32_t group);
+
+/* The worker in slot is gone: its group stops waiting for it (which may complete shards). */
+void omv_groups_leave(omv_groups_t *self, uint32_t slot);
+
+/* Checks a push of shard for step from slot without recording it: OMV_REFUSE_NONE when it fits,
+ * OMV_REFUSE_STEP (wrong step or already pushed), OMV_REFUSE_UNKNOWN_WORKER (not a live member),
+ * OMV_REFUSE_SHAPE (no such shard). why[OMV_WIRE_REASON_MAX] gets the reason. */
+omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint64_t step,
+                                   uint32_t shard, char *why);
+
+/* Records a checked push; counted says whether its gradient went into the sum (a gradient that
+ * was not finite is recorded, so the step can complete, but not counted). May fire apply and
+ * advance. */
+void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard, bool counted);
+
+/* Whether a member of group may begin step now: its group has finished step - 1 and, under a
+ * bound s, every other live group has finished step - s - 1. */
+bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step);
+
+uint64_t omv_groups_clock(const omv_groups_t *self, uint32_t group);
+uint32_t omv_groups_live(const omv_groups_t *self, uint32_t group);
+/* The group of a slot, or -1 when the slot is empty. */
+int omv_groups_of(const omv_groups_t *self, uint32_t slot);
+uint32_t omv_groups_count(const omv_groups_t *self);
+/* The smallest clock among groups with live members (UINT64_MAX when none). */
+uint64_t omv_groups_min_clock(const omv_groups_t *self);

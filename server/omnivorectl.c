@@ -1,0 +1,398 @@
+/* omnivorectl: talks to omnivored over its control socket; `run` starts a whole one-machine
+ * cluster (a daemon, trainers and an evaluator) for a job and reports its result. */
+#define OMV_LOG_TAG "omnivorectl"
+#include <errno.h>
+#include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "control.h"
+#include "job.h"
+#include "log.h"
+#include "strbuf.h"
+#include "util.h"
+
+#define DEFAULT_SOCKET "/run/omnivore/control.sock"
+#define MAX_CHILDREN 1100
+#define MAX_SETS 32
+
+static volatile sig_atomic_t interrupted;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: omnivorectl [--socket PATH] COMMAND [--json]\n"
+            "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]... [--json]\n\n"
+            "Commands for a running omnivored:\n"
+            "  status      daemon, job progress, cluster and refusal counters\n"
+            "  workers     every registered worker\n"
+            "  summary     the job's result and evaluation history\n"
+            "  shutdown    stop the daemon (its workers stop too)\n\n"
+            "  run JOB     start omnivored, N trainers and an evaluator on this machine, train the\n"
+            "              job, print its summary and stop them all (default N: the job's workers)\n\n"
+            "Options:\n"
+            "  -s, --socket PATH   control socket (default $OMNIVORE_SOCKET or " DEFAULT_SOCKET ")\n"
+            "  -j, --json          JSON for programs (run: the summary as the last line)\n"
+            "  -w, --workers N     run: trainer processes\n"
+            "  -t, --threads T     run: BLAS threads per worker (default 1)\n"
+            "      --set S.K=V     run: override a job key, e.g. --set train.learning_rate=0.05\n"
+            "  -h, --help          this text\n\n"
+            "Exit status: 0 ok, 1 the daemon answered with an error or the job failed,\n"
+            "2 bad usage, 3 the daemon cannot be reached.\n");
+}
+
+static int request(const char *sock, const char *line, omv_strbuf_t *body)
+{
+    int r = omv_control_request(sock, line, body, 10000);
+    if (r == -EREMOTEIO) {
+        fprintf(stderr, "omnivorectl: %s\n", omv_strbuf_str(body));
+        return 1;
+    }
+    if (r < 0) {
+        fprintf(stderr, "omnivorectl: cannot reach omnivored at %s: %s (is omnivored running? "
+                        "give its socket with --socket)\n", sock, omv_strerror(r));
+        return 3;
+    }
+    return 0;
+}
+
+/* ---- run: a one-machine cluster ---- */
+
+typedef struct {
+    pid_t pid;
+    const char *what;
+    int done;
+    int status;
+} child_t;
+
+/* Finds a sibling binary: beside us, in the build tree's other folder, or on PATH. */
+static void find_binary(const char *name, const char *folder, char *out, size_t cap)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *dir = dirname(self);
+        char cand[PATH_MAX + 64];
+        snprintf(cand, sizeof(cand), "%s/%s", dir, name);
+        if (access(cand, X_OK) == 0) {
+            omv_strlcpy(out, cand, cap);
+            return;
+        }
+        snprintf(cand, sizeof(cand), "%s/../%s/%s", dir, folder, name);
+        if (access(cand, X_OK) == 0) {
+            omv_strlcpy(out, cand, cap);
+            return;
+        }
+    }
+    omv_strlcpy(out, name, cap); /* execvp searches PATH */
+}
+
+static pid_t spawn(char **argv)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        signal(SIGINT, SIG_IGN); /* we shut the cluster down in order on Ctrl-C */
+        execvp(argv[0], argv);
+        fprintf(stderr, "omnivorectl: cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    return pid;
+}
+
+static void reap(child_t *kids, int n, int quiet)
+{
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < n; i++) {
+            if (kids[i].pid != pid)
+                continue;
+            kids[i].done = 1;
+            kids[i].status = status;
+            if (!quiet && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+                if (WIFSIGNALED(status))
+                    fprintf(stderr, "omnivorectl: %s (pid %d) was killed by signal %d\n",
+                            kids[i].what, pid, WTERMSIG(status));
+                else
+                    fprintf(stderr, "omnivorectl: %s (pid %d) exited with status %d\n",
+                            kids[i].what, pid, WEXITSTATUS(status));
+            }
+        }
+    }
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The value of "key:" in a key:value body, copied into out. */
+static int field(const char *body, const char *key, char *out, size_t cap)
+{
+    size_t k = strlen(key);
+    for (const char *p = body; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        if (strncmp(p, key, k) == 0 && p[k] == ':') {
+            const char *v = p + k + 1;
+            size_t n = strcspn(v, "\n");
+            if (n >= cap)
+                n = cap - 1;
+            memcpy(out, v, n);
+            out[n] = '\0';
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+static int cmd_run(int argc, char **argv, int json)
+{
+    const char *job_path = NULL, *workers_arg = NULL, *threads = "1";
+    const char *sets[MAX_SETS];
+    int n_sets = 0;
+    static const struct option opts[] = {
+        {"workers", required_argument, NULL, 'w'}, {"threads", required_argument, NULL, 't'},
+        {"set", required_argument, NULL, 'S'},     {"json", no_argument, NULL, 'j'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "w:t:j", opts, NULL)) != -1) {
+        if (c == 'w') {
+            workers_arg = optarg;
+        } else if (c == 't') {
+            threads = optarg;
+        } else if (c == 'S' && n_sets < MAX_SETS) {
+            sets[n_sets++] = optarg;
+        } else if (c == 'j') {
+            json = 1;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind + 1 != argc) {
+        fprintf(stderr, "omnivorectl run: give exactly one job file\n");
+        return 2;
+    }
+    job_path = argv[optind];
+
+    /* Check the job here first, so that a broken file is reported before anything starts. */
+    omv_job_t job;
+    char err[OMV_CONFIG_ERR_MAX];
+    if (omv_job_load(&job, job_path, err) < 0) {
+        fprintf(stderr, "omnivorectl: %s\n", err);
+        return 2;
+    }
+    if (workers_arg && omv_config_set(omv_job_table, omv_job_table_len, &job, "cluster",
+                                      "workers", workers_arg, err) < 0) {
+        fprintf(stderr, "omnivorectl: --workers: %s\n", err);
+        return 2;
+    }
+    for (int i = 0; i < n_sets; i++) {
+        if (omv_config_set_arg(omv_job_table, omv_job_table_len, &job, sets[i], err) < 0) {
+            fprintf(stderr, "omnivorectl: --set: %s\n", err);
+            return 2;
+        }
+    }
+    if (omv_job_validate(&job, job_path, err) < 0) {
+        fprintf(stderr, "omnivorectl: %s\n", err);
+        return 2;
+    }
+    int n_workers = (int)job.workers;
+
+    const char *tmp = getenv("TMPDIR");
+    char dir[PATH_MAX], endpoint[PATH_MAX + 16], sock[PATH_MAX + 16], nworkers[16];
+    snprintf(dir, sizeof(dir), "%s/omnivore-run.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (mkdtemp(dir) == NULL) {
+        fprintf(stderr, "omnivorectl: cannot make a run folder in %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    snprintf(sock, sizeof(sock), "%s/control.sock", dir);
+    snprintf(nworkers, sizeof(nworkers), "%d", n_workers);
+
+    char daemon_bin[PATH_MAX], worker_bin[PATH_MAX];
+    find_binary("omnivored", "server", daemon_bin, sizeof(daemon_bin));
+    find_binary("omnivore-worker", "worker", worker_bin, sizeof(worker_bin));
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    static child_t kids[MAX_CHILDREN];
+    int n_kids = 0, rc = 1;
+    char *dargv[16 + 2 * MAX_SETS];
+    int k = 0;
+    dargv[k++] = daemon_bin;
+    dargv[k++] = "--job";
+    dargv[k++] = (char *)job_path;
+    dargv[k++] = "--endpoint";
+    dargv[k++] = endpoint;
+    dargv[k++] = "--control";
+    dargv[k++] = sock;
+    dargv[k++] = "--workers";
+    dargv[k++] = nworkers;
+    for (int i = 0; i < n_sets; i++) {
+        dargv[k++] = "--set";
+        dargv[k++] = (char *)sets[i];
+    }
+    dargv[k] = NULL;
+    kids[n_kids++] = (child_t){spawn(dargv), "omnivored", 0, 0};
+
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    /* Wait until the daemon answers on its control socket. */
+    int64_t deadline = omv_time_ms() + 30000;
+    for (;;) {
+        reap(kids, n_kids, 0);
+        if (kids[0].done) {
+            fprintf(stderr, "omnivorectl: omnivored did not start (see its message above)\n");
+            goto out;
+        }
+        if (omv_control_request(sock, "status", &body, 1000) == 0)
+            break;
+        if (interrupted || omv_time_ms() > deadline) {
+            fprintf(stderr, "omnivorectl: omnivored did not answer on %s\n", sock);
+            goto out;
+        }
+        sleep_ms(20);
+    }
+    char *wargv[] = {worker_bin, "--server", endpoint, "--threads", (char *)threads, NULL, NULL,
+                     NULL};
+    for (int i = 0; i < n_workers && n_kids < MAX_CHILDREN - 1; i++)
+        kids[n_kids++] = (child_t){spawn(wargv), "omnivore-worker", 0, 0};
+    wargv[5] = "--role";
+    wargv[6] = "evaluator";
+    kids[n_kids++] = (child_t){spawn(wargv), "omnivore-worker (evaluator)", 0, 0};
+    fprintf(stderr, "omnivorectl: running '%s' with %d workers and an evaluator (run folder %s)\n",
+            job.name, n_workers, dir);
+
+    char state[32] = "";
+    while (!interrupted) {
+        sleep_ms(250);
+        reap(kids, n_kids, 0);
+        if (kids[0].done) {
+            fprintf(stderr, "omnivorectl: omnivored ended before the job did\n");
+            goto out;
+        }
+        if (omv_control_request(sock, "status", &body, 5000) == 0 &&
+            field(omv_strbuf_str(&body), "state", state, sizeof(state)) == 0 &&
+            (strcmp(state, "done") == 0 || strcmp(state, "failed") == 0))
+            break;
+    }
+    if (interrupted) {
+        fprintf(stderr, "omnivorectl: interrupted; stopping the cluster\n");
+        rc = 130;
+    } else {
+        rc = strcmp(state, "done") == 0 ? 0 : 1;
+        if (request(sock, json ? "summary --json" : "summary", &body) == 0)
+            fputs(omv_strbuf_str(&body), stdout);
+        fflush(stdout);
+    }
+out:
+    omv_strbuf_clear(&body);
+    if (!kids[0].done)
+        omv_control_request(sock, "shutdown", &body, 5000);
+    /* Give everyone 10 s to stop on their own, then make them. */
+    deadline = omv_time_ms() + 10000;
+    for (;;) {
+        reap(kids, n_kids, 1);
+        int left = 0;
+        for (int i = 0; i < n_kids; i++)
+            left += !kids[i].done;
+        if (left == 0)
+            break;
+        if (omv_time_ms() > deadline) {
+            for (int i = 0; i < n_kids; i++)
+                if (!kids[i].done)
+                    kill(kids[i].pid, SIGKILL);
+        }
+        sleep_ms(20);
+    }
+    omv_strbuf_fini(&body);
+    unlink(sock);
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof(path), "%s/workers.sock", dir);
+    unlink(path);
+    rmdir(dir);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    omv_log_set_ident("omnivorectl");
+    const char *sock = getenv("OMNIVORE_SOCKET");
+    if (sock == NULL || *sock == '\0')
+        sock = DEFAULT_SOCKET;
+    int json = 0;
+    int i = 1;
+    /* Options before the command. */
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if ((strcmp(argv[i], "--socket") == 0 || strcmp(argv[i], "-s") == 0) && i + 1 < argc) {
+            sock = argv[++i];
+        } else if (strcmp(argv[i], "--json") == 0 || strcmp(argv[i], "-j") == 0) {
+            json = 1;
+        } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "omnivorectl: unknown option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (i == argc) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[i];
+    if (strcmp(cmd, "run") == 0)
+        return cmd_run(argc - i, argv + i, json);
+    if (strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    static const char *const known[] = {"status", "workers", "summary", "shutdown"};
+    int ok = 0;
+    for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
+        ok |= strcmp(cmd, known[k]) == 0;
+    if (!ok) {
+        fprintf(stderr, "omnivorectl: unknown command '%s'; see omnivorectl --help\n", cmd);
+        return 2;
+    }
+    for (int a = i + 1; a < argc; a++) {
+        if (strcmp(argv[a], "--json") == 0 || strcmp(argv[a], "-j") == 0) {
+            json = 1;
+        } else {
+            fprintf(stderr, "omnivorectl: %s takes no argument '%s'\n", cmd, argv[a]);
+            return 2;
+        }
+    }
+    char line[64];
+    snprintf(line, sizeof(line), "%s%s", cmd, json ? " --json" : "");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int rc = request(sock, line, &body);
+    if (rc == 0)
+        fputs(omv_strbuf_str(&body), stdout);
+    omv_strbuf_fini(&body);
+    return rc;
+}

@@ -1,0 +1,130 @@
+/* omnivored: the parameter-server daemon. Reads its config and a job, binds the worker endpoint
+ * and the control socket, and runs the job until it is done and it is told to stop. */
+#define OMV_LOG_TAG "omnivored"
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "log.h"
+#include "util.h"
+#include "wire.h"
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: omnivored [--config FILE] [options]\n"
+            "The omnivore parameter-server daemon.\n\n"
+            "  -c, --config FILE      daemon config (INI, [daemon] section; see deploy/omnivored.conf)\n"
+            "  -e, --endpoint EP      worker endpoint to bind (tcp://*:5555, ipc:///path)\n"
+            "  -s, --control PATH     control socket path\n"
+            "  -j, --job FILE         job file to run\n"
+            "  -w, --workers N        override the job's [cluster] workers\n"
+            "      --set S.K=V        override any job key, e.g. --set train.learning_rate=0.05\n"
+            "  -l, --log-level LEVEL  error, warn, info or debug\n"
+            "  -h, --help             this text\n"
+            "  -V, --version          the version\n");
+}
+
+int main(int argc, char **argv)
+{
+    omv_log_set_ident("omnivored");
+    omv_daemon_config_t cfg;
+    char err[OMV_CONFIG_ERR_MAX];
+    memset(&cfg, 0, sizeof(cfg));
+    omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
+
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},  {"endpoint", required_argument, NULL, 'e'},
+        {"control", required_argument, NULL, 's'}, {"job", required_argument, NULL, 'j'},
+        {"workers", required_argument, NULL, 'w'}, {"set", required_argument, NULL, 'S'},
+        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+    };
+    /* First pass: the config file, so that flags override it. */
+    int c;
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:hV", opts, NULL)) != -1) {
+        if (c == 'c' && omv_config_load(omv_daemon_table, omv_daemon_table_len, optarg, &cfg,
+                                        NULL, err) < 0) {
+            fprintf(stderr, "omnivored: %s\n", err);
+            return 2;
+        } else if (c == 'h') {
+            usage(stdout);
+            return 0;
+        } else if (c == 'V') {
+            printf("omnivored %s (protocol %d)\n", OMV_VERSION, OMV_PROTOCOL_VERSION);
+            return 0;
+        } else if (c == '?') {
+            usage(stderr);
+            return 2;
+        }
+    }
+    const char *workers = NULL;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:hV", opts, NULL)) != -1) {
+        const char *key = c == 'e' ? "endpoint" : c == 's' ? "control" : c == 'j' ? "job"
+                        : c == 'l' ? "log_level" : NULL;
+        if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, &cfg, "daemon", key,
+                                  optarg, err) < 0) {
+            fprintf(stderr, "omnivored: %s\n", err);
+            return 2;
+        }
+        if (c == 'w')
+            workers = optarg;
+    }
+    if (omv_log_set_level_name(cfg.log_level) < 0) {
+        fprintf(stderr, "omnivored: log level '%s' is not error, warn, info or debug\n",
+                cfg.log_level);
+        return 2;
+    }
+    if (cfg.job[0] == '\0') {
+        fprintf(stderr, "omnivored: no job: give --job FILE or set [daemon] job in the config\n");
+        return 2;
+    }
+    omv_job_t job;
+    if (omv_job_load(&job, cfg.job, err) < 0) {
+        fprintf(stderr, "omnivored: %s\n", err);
+        return 2;
+    }
+    if (workers && omv_config_set(omv_job_table, omv_job_table_len, &job, "cluster", "workers",
+                                  workers, err) < 0) {
+        fprintf(stderr, "omnivored: --workers: %s\n", err);
+        return 2;
+    }
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:hV", opts, NULL)) != -1) {
+        if (c == 'S' && omv_config_set_arg(omv_job_table, omv_job_table_len, &job, optarg, err) < 0) {
+            fprintf(stderr, "omnivored: --set: %s\n", err);
+            return 2;
+        }
+    }
+    if (omv_job_validate(&job, cfg.job, err) < 0) {
+        fprintf(stderr, "omnivored: %s\n", err);
+        return 2;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    omv_daemon_t *d = omv_daemon_new(&cfg, &job, cfg.job);
+    if (d == NULL)
+        return 1;
+    int r = omv_daemon_run(d, &stop_flag);
+    omv_daemon_destroy(&d);
+    return r < 0 ? 1 : 0;
+}

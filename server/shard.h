@@ -1,0 +1,37 @@
+/* One shard of the model: a contiguous range of the flat parameter vector, its momentum, and
+ * one pending gradient sum per compute group. The update is SGD with momentum and weight decay
+ * (PyTorch's form) on the mean of a group's gradients. */
+#pragma once
+
+#include <stdint.h>
+
+typedef struct {
+    uint32_t offset, count; /* range in the flat parameter vector */
+    uint32_t n_groups;
+    float *params;   /* [count], borrowed: a view into the daemon's model */
+    float *velocity; /* [count] */
+    float *pending;  /* [n_groups][count] sums of the gradients of the group's current step */
+} omv_shard_t;
+
+typedef struct {
+    float learning_rate;
+    float momentum;
+    float weight_decay;
+} omv_sgd_t;
+
+/* Sets up the shard over params[count] (borrowed). Returns 0 or -ENOMEM. */
+int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t count,
+                   uint32_t n_groups);
+void omv_shard_fini(omv_shard_t *self);
+
+/* Adds grad[count] to the group's pending sum. */
+void omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
+
+/* Applies the group's pending sum as one update with the mean over `contributors` gradients
+ * (none: the model is left as it is), then clears the sum:
+ *   g = sum / contributors + weight_decay * w;  v = momentum * v + g;  w -= learning_rate * v */
+void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
+                     const omv_sgd_t *sgd);
+
+/* Discards the group's pending sum (its members are gone). */
+void omv_shard_discard(omv_shard_t *self, uint32_t group);

@@ -1,0 +1,28 @@
+/* The worker's connection to omnivored: a ZeroMQ DEALER socket (libzmq lives behind this file
+ * on the worker side). A message is an envelope frame and, when the envelope says so, a frame of
+ * raw float32 values. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+typedef struct omv_link omv_link_t;
+
+/* Connects to endpoint (tcp://host:port or ipc://path). ZeroMQ connects in the background and
+ * reconnects by itself. Returns NULL with errno set. Caller owns; release with omv_link_destroy. */
+omv_link_t *omv_link_new(const char *endpoint);
+void omv_link_destroy(omv_link_t **self_p);
+
+/* Sends msg, followed by its payload (omv_wire_payload_count(msg) floats) when it has one.
+ * Returns 0 or a negative errno. */
+int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const float *payload);
+
+/* Waits up to timeout_ms (-1: forever) for a message. Returns 0, -EAGAIN on timeout, -EPROTO for
+ * a malformed one (reason in why[OMV_WIRE_REASON_MAX]), -EINTR when a signal came. The payload,
+ * if any, stays readable through omv_link_payload until the next receive. */
+int omv_link_recv(omv_link_t *self, omv_msg_t *ret, int timeout_ms, char *why);
+
+/* The payload of the last message received: bytes (NULL when none); *ret_len gets its length. */
+const void *omv_link_payload(const omv_link_t *self, size_t *ret_len);

@@ -1,0 +1,116 @@
+/* omnivore-worker: connects to omnivored, trains (or evaluates) until the job is over. */
+#define OMV_LOG_TAG "worker"
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "session.h"
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "Usage: omnivore-worker --server ENDPOINT [options]\n"
+            "Computes gradients for omnivored (or evaluates its model on the test set).\n\n"
+            "  -s, --server ENDPOINT   the daemon's worker endpoint, e.g. tcp://head:5555\n"
+            "                          (default: $OMNIVORE_SERVER)\n"
+            "  -r, --role ROLE         trainer (default) or evaluator\n"
+            "  -t, --threads N         BLAS threads (default 1)\n"
+            "      --hello-timeout S   seconds to wait for the daemon's welcome (default 30)\n"
+            "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
+            "  -h, --help              this text\n"
+            "  -V, --version           the version and protocol version\n");
+}
+
+int main(int argc, char **argv)
+{
+    omv_log_set_ident("omnivore-worker");
+    omv_session_config_t cfg = {
+        .endpoint = getenv("OMNIVORE_SERVER"),
+        .role = OMV_ROLE_TRAINER,
+        .threads = 1,
+        .hello_timeout_ms = 30000,
+        .heartbeat_ms = 1000,
+    };
+    static const struct option opts[] = {
+        {"server", required_argument, NULL, 's'},  {"role", required_argument, NULL, 'r'},
+        {"threads", required_argument, NULL, 't'}, {"hello-timeout", required_argument, NULL, 'H'},
+        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "s:r:t:l:hV", opts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            cfg.endpoint = optarg;
+            break;
+        case 'r':
+            if (strcmp(optarg, "trainer") == 0) {
+                cfg.role = OMV_ROLE_TRAINER;
+            } else if (strcmp(optarg, "evaluator") == 0 || strcmp(optarg, "eval") == 0) {
+                cfg.role = OMV_ROLE_EVALUATOR;
+            } else {
+                fprintf(stderr, "omnivore-worker: --role: '%s' is not trainer or evaluator\n", optarg);
+                return 2;
+            }
+            break;
+        case 't':
+            cfg.threads = atoi(optarg);
+            if (cfg.threads < 1 || cfg.threads > 256) {
+                fprintf(stderr, "omnivore-worker: --threads: '%s' is not in [1, 256]\n", optarg);
+                return 2;
+            }
+            break;
+        case 'H':
+            cfg.hello_timeout_ms = (int)(atof(optarg) * 1000);
+            if (cfg.hello_timeout_ms <= 0) {
+                fprintf(stderr, "omnivore-worker: --hello-timeout: '%s' is not positive\n", optarg);
+                return 2;
+            }
+            break;
+        case 'l':
+            if (omv_log_set_level_name(optarg) < 0) {
+                fprintf(stderr, "omnivore-worker: --log-level: '%s' is not error, warn, info or debug\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'V':
+            printf("omnivore-worker %s (protocol %d)\n", OMV_VERSION, OMV_PROTOCOL_VERSION);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (cfg.endpoint == NULL || cfg.endpoint[0] == '\0') {
+        fprintf(stderr, "omnivore-worker: no server: give --server ENDPOINT or set OMNIVORE_SERVER\n");
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    int r = omv_session_run(&cfg, &stop_flag);
+    if (r == -EINTR) {
+        omv_log_info("stopped by signal");
+        return 0;
+    }
+    return r < 0 ? 1 : 0;
+}
