@@ -1,0 +1,477 @@
+/* Integration tests with real processes: omnivored, omnivore-worker and omnivorectl on ipc
+ * endpoints in a temporary folder, training generated data, under faults and bad input. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "control.h"
+#include "strbuf.h"
+#include "testutil.h"
+#include "util.h"
+#include "wire.h"
+
+static char dir[512];
+static char job_path[600], sock_path[600], endpoint[600];
+
+static const char *bin(const char *env)
+{
+    const char *p = getenv(env);
+    ck_assert_msg(p != NULL, "%s is not set (run through meson test)", env);
+    return p;
+}
+
+/* A job on generated 8x8 images of 4 classes. extra is appended to the [cluster] section. */
+static void write_job(int workers, int epochs, const char *cluster_extra)
+{
+    char images[700], labels[700], timages[700], tlabels[700];
+    snprintf(images, sizeof(images), "%s/train-images.gz", dir);
+    snprintf(labels, sizeof(labels), "%s/train-labels.gz", dir);
+    snprintf(timages, sizeof(timages), "%s/test-images", dir);
+    snprintf(tlabels, sizeof(tlabels), "%s/test-labels", dir);
+    ck_assert_int_eq(omv_test_make_blobs(images, labels, 4096, 8, 8, 4, 1, 1), 0);
+    ck_assert_int_eq(omv_test_make_blobs(timages, tlabels, 512, 8, 8, 4, 2, 0), 0);
+    snprintf(job_path, sizeof(job_path), "%s/job.ini", dir);
+    FILE *f = fopen(job_path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "[job]\nname = blobs\nepochs = %d\nseed = 7\n"
+            "[model]\nlayers = 64 32 4\n"
+            "[data]\ntrain_images = train-images.gz\ntrain_labels = train-labels.gz\n"
+            "test_images = test-images\ntest_labels = test-labels\n"
+            "[train]\nbatch_size = 32\nlearning_rate = 0.05\nmomentum = 0.9\n"
+            "[cluster]\nworkers = %d\nworker_timeout_s = 1.5\n%s\n"
+            "[eval]\nevery_epochs = 1\nbatch_size = 128\nprogress_interval_s = 0.5\n",
+            epochs, workers, cluster_extra);
+    fclose(f);
+    snprintf(sock_path, sizeof(sock_path), "%s/control.sock", dir);
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+}
+
+static void setup(void)
+{
+    omv_test_tmpdir(dir, sizeof(dir));
+}
+
+static void teardown(void)
+{
+    omv_test_rmdir(dir);
+}
+
+static pid_t spawn(char *const argv[])
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static pid_t start_daemon(void)
+{
+    char *argv[] = {(char *)bin("OMNIVORED"), "--job", job_path, "--endpoint", endpoint,
+                    "--control", sock_path, "--log-level", "warn", NULL};
+    pid_t pid = spawn(argv);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 20000;
+    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "omnivored did not answer on its socket");
+        ck_assert_int_eq(waitpid(pid, NULL, WNOHANG), 0);
+        sleep_ms(10);
+    }
+    omv_strbuf_fini(&body);
+    return pid;
+}
+
+static pid_t start_worker(const char *role)
+{
+    char *argv[] = {(char *)bin("OMNIVORE_WORKER"), "--server", endpoint, "--role", (char *)role,
+                    "--log-level", "warn", NULL};
+    return spawn(argv);
+}
+
+/* Reads "key:value" from a status-style body as a number; NaN when absent. */
+static double field(const char *body, const char *key)
+{
+    char pat[128];
+    snprintf(pat, sizeof(pat), "\n%s:", key);
+    const char *p = strstr(body, pat);
+    if (p == NULL && strncmp(body, pat + 1, strlen(pat + 1)) == 0)
+        p = body - 1;
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static int has_text(const char *body, const char *text)
+{
+    return strstr(body, text) != NULL;
+}
+
+static double json_number(const char *json, const char *key)
+{
+    char pat[128];
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+/* Runs `omnivorectl run JOB --json extra...` and returns its last stdout line in out. */
+static int run_ctl(char *out, size_t cap, const char *extra)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s run %s --json %s 2>%s/run.log", bin("OMNIVORECTL"), job_path,
+             extra, dir);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    char line[65536];
+    out[0] = '\0';
+    while (fgets(line, sizeof(line), p))
+        omv_strlcpy(out, line, cap);
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static void check_trained(const char *extra)
+{
+    static char json[65536];
+    int rc = run_ctl(json, sizeof(json), extra);
+    ck_assert_msg(rc == 0, "omnivorectl run exited %d; last line: %s", rc, json);
+    ck_assert_msg(has_text(json, "\"state\":\"done\""), "not done: %s", json);
+    double loss = json_number(json, "test_loss");
+    double acc = json_number(json, "test_accuracy");
+    ck_assert_msg(loss < 0.25, "test loss %f is not below 0.25: %s", loss, json);
+    ck_assert_msg(acc > 0.95, "test accuracy %f is not above 0.95: %s", acc, json);
+    ck_assert_msg(fabs(json_number(json, "epochs") - 4.0) < 1e-6, "epochs: %s", json);
+    ck_assert_msg(has_text(json, "\"history\":[{\"epoch\":1.0"), "history: %s", json);
+    ck_assert_msg(json_number(json, "images_per_second") > 0, "images/s: %s", json);
+}
+
+START_TEST(test_train_sync)
+{
+    write_job(2, 4, "groups = 1\nstaleness = none");
+    check_trained("");
+}
+END_TEST
+
+START_TEST(test_train_groups_lockstep)
+{
+    write_job(2, 4, "groups = 2\nstaleness = 0");
+    check_trained("");
+}
+END_TEST
+
+START_TEST(test_train_groups_unbounded)
+{
+    write_job(2, 4, "groups = 1\nstaleness = none");
+    /* Overrides on the command line reach the daemon too. */
+    check_trained("--set cluster.groups=2 --set cluster.staleness=none");
+}
+END_TEST
+
+START_TEST(test_broken_job_file)
+{
+    write_job(2, 4, "groups = 1\nbogus_key = 3");
+    static char out[4096];
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s run %s 2>&1", bin("OMNIVORECTL"), job_path);
+    FILE *p = popen(cmd, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    ck_assert_int_eq(WEXITSTATUS(status), 2);
+    ck_assert_msg(has_text(out, "job.ini:20: [cluster] bogus_key: unknown key"), "got: %s", out);
+}
+END_TEST
+
+START_TEST(test_worker_killed)
+{
+    write_job(2, 200, "groups = 1");
+    pid_t d = start_daemon();
+    pid_t w1 = start_worker("trainer");
+    pid_t w2 = start_worker("trainer");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 30000;
+    for (;;) {
+        ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 5000), 0);
+        if (field(omv_strbuf_str(&body), "step") >= 20)
+            break;
+        ck_assert_msg(omv_time_ms() < deadline, "training did not start: %s", omv_strbuf_str(&body));
+        sleep_ms(20);
+    }
+    kill(w1, SIGKILL);
+    waitpid(w1, NULL, 0);
+    /* The daemon answers at once, and declares the worker dead within its timeout. */
+    ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 2000), 0);
+    double step_at_kill = field(omv_strbuf_str(&body), "step");
+    deadline = omv_time_ms() + 15000;
+    for (;;) {
+        ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 2000), 0);
+        if (field(omv_strbuf_str(&body), "workers_alive") == 1)
+            break;
+        ck_assert_msg(omv_time_ms() < deadline, "dead worker not noticed: %s",
+                      omv_strbuf_str(&body));
+        sleep_ms(50);
+    }
+    /* The survivor's group no longer waits for the dead one: steps go on. */
+    deadline = omv_time_ms() + 15000;
+    for (;;) {
+        ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 2000), 0);
+        if (field(omv_strbuf_str(&body), "step") > step_at_kill + 20)
+            break;
+        ck_assert_msg(omv_time_ms() < deadline, "training stalled: %s", omv_strbuf_str(&body));
+        sleep_ms(50);
+    }
+    ck_assert_int_eq(omv_control_request(sock_path, "workers", &body, 2000), 0);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "state:dead"), "%s", omv_strbuf_str(&body));
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    ck_assert_int_eq(omv_control_request(sock_path, "shutdown", &body, 2000), 0);
+    int status;
+    ck_assert_int_eq(waitpid(d, &status, 0), d);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    ck_assert_int_eq(waitpid(w2, &status, 0), w2);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
+/* ---- a hand-driven peer speaking the wire protocol, for bad input ---- */
+
+typedef struct {
+    void *ctx, *sock;
+} peer_t;
+
+static void peer_open(peer_t *p)
+{
+    p->ctx = zmq_ctx_new();
+    p->sock = zmq_socket(p->ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    ck_assert_int_eq(zmq_connect(p->sock, endpoint), 0);
+}
+
+static void peer_close(peer_t *p)
+{
+    zmq_close(p->sock);
+    zmq_ctx_term(p->ctx);
+}
+
+static void peer_send_raw(peer_t *p, const void *a, size_t alen, const void *b, size_t blen)
+{
+    ck_assert_int_ge(zmq_send(p->sock, a, alen, b ? ZMQ_SNDMORE : 0), 0);
+    if (b)
+        ck_assert_int_ge(zmq_send(p->sock, b, blen, 0), 0);
+}
+
+static void peer_send(peer_t *p, const omv_msg_t *m, const float *payload, size_t count)
+{
+    uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
+    size_t len;
+    ck_assert_int_eq(omv_wire_encode(m, buf, sizeof(buf), &len), 0);
+    peer_send_raw(p, buf, len, payload, count * sizeof(float));
+}
+
+/* Receives one message (within 5 s); the payload, if any, goes into payload[cap]. */
+static void peer_recv(peer_t *p, omv_msg_t *m, float *payload, size_t cap)
+{
+    zmq_pollitem_t it = {p->sock, 0, ZMQ_POLLIN, 0};
+    ck_assert_msg(zmq_poll(&it, 1, 5000) == 1, "no answer from the daemon");
+    static uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
+    int n = zmq_recv(p->sock, buf, sizeof(buf), 0);
+    ck_assert_int_ge(n, 0);
+    ck_assert_int_eq(omv_wire_decode(buf, (size_t)n, m, NULL), 0);
+    int more = 0;
+    size_t sz = sizeof(more);
+    zmq_getsockopt(p->sock, ZMQ_RCVMORE, &more, &sz);
+    if (more) {
+        int got = zmq_recv(p->sock, payload, cap * sizeof(float), 0);
+        ck_assert_int_eq(got, (int)(omv_wire_payload_count(m) * sizeof(float)));
+    }
+}
+
+static void expect_error(peer_t *p, omv_refuse_t code)
+{
+    omv_msg_t m;
+    peer_recv(p, &m, NULL, 0);
+    ck_assert_msg(m.type == OMV_MSG_ERROR, "expected an error, got %s", omv_msg_name(m.type));
+    ck_assert_msg(m.u.error.code == code, "expected %s, got %s (\"%s\")", omv_refuse_name(code),
+                  omv_refuse_name(m.u.error.code), m.u.error.reason);
+    ck_assert(strlen(m.u.error.reason) > 0);
+}
+
+/* Pulls step into model[param_count], checking shard by shard. */
+static void pull_model(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j, float *model)
+{
+    omv_msg_t m = {.type = OMV_MSG_PULL};
+    m.u.pull = (omv_pull_t){id, step};
+    peer_send(p, &m, NULL, 0);
+    for (uint32_t s = 0; s < j->n_shards; s++) {
+        peer_recv(p, &m, model + j->shard_offsets[s], j->param_count);
+        ck_assert_int_eq(m.type, OMV_MSG_PARAMS);
+        ck_assert_int_eq(m.u.params.step, step);
+        ck_assert_int_eq(m.u.params.offset, j->shard_offsets[s]);
+    }
+}
+
+START_TEST(test_bad_input)
+{
+    write_job(1, 2, "groups = 1\nshards = 3");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+
+    /* Bytes that are no envelope. */
+    peer_send_raw(&p, "\xff\xfe garbage", 10, NULL, 0);
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+
+    /* Another protocol version. */
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION + 98;
+    omv_strlcpy(m.u.hello.hostname, "test", sizeof(m.u.hello.hostname));
+    peer_send(&p, &m, NULL, 0);
+    expect_error(&p, OMV_REFUSE_VERSION);
+
+    /* Register properly. */
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    const omv_jobspec_t *j = &w.u.welcome.job;
+    uint32_t id = w.u.welcome.worker_id;
+    ck_assert_int_eq(j->n_shards, 3);
+    size_t n = j->param_count;
+    float *before = calloc(n, sizeof(float)), *after = calloc(n, sizeof(float));
+    float *grad = calloc(n, sizeof(float));
+    pull_model(&p, id, 0, j, before);
+
+    uint32_t c0 = j->shard_offsets[1] - j->shard_offsets[0];
+    omv_msg_t push = {.type = OMV_MSG_PUSH};
+    /* A payload shorter than announced. */
+    push.u.push = (omv_push_t){id, 0, 0, 0, c0, 1.0f, 32, 1.0f};
+    peer_send_raw(&p, "", 0, NULL, 0);
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+    {
+        uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
+        size_t len;
+        ck_assert_int_eq(omv_wire_encode(&push, buf, sizeof(buf), &len), 0);
+        peer_send_raw(&p, buf, len, grad, (c0 - 1) * sizeof(float));
+        expect_error(&p, OMV_REFUSE_MALFORMED);
+    }
+    /* A gradient of the wrong length for its shard. */
+    push.u.push.count = c0 + 1;
+    peer_send(&p, &push, grad, c0 + 1);
+    expect_error(&p, OMV_REFUSE_SHAPE);
+    /* An unknown worker. */
+    push.u.push.count = c0;
+    push.u.push.worker_id = id + 77;
+    peer_send(&p, &push, grad, c0);
+    expect_error(&p, OMV_REFUSE_UNKNOWN_WORKER);
+    /* A step that is not the one expected. */
+    push.u.push.worker_id = id;
+    push.u.push.step = 5;
+    peer_send(&p, &push, grad, c0);
+    expect_error(&p, OMV_REFUSE_STEP);
+    /* NaN and Inf: refused, and the step completes without touching the model. */
+    push.u.push.step = 0;
+    grad[3] = NAN;
+    grad[4] = INFINITY;
+    peer_send(&p, &push, grad, c0);
+    expect_error(&p, OMV_REFUSE_NOT_FINITE);
+    /* The same shard again is a duplicate. */
+    memset(grad, 0, n * sizeof(float));
+    peer_send(&p, &push, grad, c0);
+    expect_error(&p, OMV_REFUSE_STEP);
+    for (uint32_t s = 1; s < j->n_shards; s++) {
+        uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
+        grad[off] = NAN; /* every shard's gradient is poisoned */
+        push.u.push = (omv_push_t){id, 0, s, off, cnt, 1.0f, 32, 1.0f};
+        peer_send(&p, &push, grad + off, cnt);
+        expect_error(&p, OMV_REFUSE_NOT_FINITE);
+    }
+    /* Step 0 is complete; step 1's model is exactly step 0's. */
+    pull_model(&p, id, 1, j, after);
+    ck_assert_int_eq(memcmp(before, after, n * sizeof(float)), 0);
+
+    /* Every refusal was counted, and the daemon is up. */
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 2000), 0);
+    const char *s = omv_strbuf_str(&body);
+    ck_assert_msg(field(s, "refused_malformed_total") == 3, "%s", s);
+    ck_assert_msg(field(s, "refused_version_total") == 1, "%s", s);
+    ck_assert_msg(field(s, "refused_shape_total") == 1, "%s", s);
+    ck_assert_msg(field(s, "refused_unknown_worker_total") == 1, "%s", s);
+    ck_assert_msg(field(s, "refused_step_total") == 2, "%s", s);
+    ck_assert_msg(field(s, "refused_not_finite_total") == 3, "%s", s);
+    ck_assert_int_eq(omv_control_request(sock_path, "status --json", &body, 2000), 0);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "\"refused_not_finite_total\":3"), "%s",
+                  omv_strbuf_str(&body));
+    ck_assert_int_eq(omv_control_request(sock_path, "nonsense", &body, 2000), -EREMOTEIO);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "unknown command"), "%s", omv_strbuf_str(&body));
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+
+    ck_assert_int_eq(omv_control_request(sock_path, "shutdown", &body, 2000), 0);
+    /* A worker still connected is told to stop. */
+    peer_recv(&p, &m, NULL, 0);
+    ck_assert_int_eq(m.type, OMV_MSG_STOP);
+    int status;
+    ck_assert_int_eq(waitpid(d, &status, 0), d);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    omv_strbuf_fini(&body);
+    peer_close(&p);
+    free(before);
+    free(after);
+    free(grad);
+}
+END_TEST
+
+START_TEST(test_daemon_sigterm)
+{
+    write_job(2, 4, "groups = 1");
+    pid_t d = start_daemon();
+    kill(d, SIGTERM);
+    int status;
+    ck_assert_int_eq(waitpid(d, &status, 0), d);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The control socket is gone with it. */
+    ck_assert_int_eq(access(sock_path, F_OK), -1);
+}
+END_TEST
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    Suite *s = suite_create("cluster");
+    TCase *tc = tcase_create("processes");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_train_sync);
+    tcase_add_test(tc, test_train_groups_lockstep);
+    tcase_add_test(tc, test_train_groups_unbounded);
+    tcase_add_test(tc, test_broken_job_file);
+    tcase_add_test(tc, test_worker_killed);
+    tcase_add_test(tc, test_bad_input);
+    tcase_add_test(tc, test_daemon_sigterm);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
