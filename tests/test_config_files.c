@@ -1,0 +1,58 @@
+/* The shipped config files stay in step with the config tables: deploy/omnivored.conf and the
+ * example job set every key the code knows, and nothing else. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "job.h"
+
+static void check_file(const omv_config_entry_t *table, size_t n, void *target, const char *rel)
+{
+    char path[1024], err[OMV_CONFIG_ERR_MAX];
+    const char *src = getenv("OMV_SOURCE_ROOT");
+    ck_assert_ptr_nonnull(src);
+    snprintf(path, sizeof(path), "%s/%s", src, rel);
+    int lines[64];
+    ck_assert_uint_le(n, 64);
+    ck_assert_int_eq(omv_config_defaults(table, n, target), 0);
+    int r = omv_config_load(table, n, path, target, lines, err);
+    ck_assert_msg(r == 0, "%s", err);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(lines[i] > 0, "%s does not document [%s] %s", rel, table[i].section,
+                      table[i].key);
+}
+
+START_TEST(test_daemon_conf)
+{
+    omv_daemon_config_t cfg;
+    check_file(omv_daemon_table, omv_daemon_table_len, &cfg, "deploy/omnivored.conf");
+}
+END_TEST
+
+START_TEST(test_example_job)
+{
+    omv_job_t job;
+    check_file(omv_job_table, omv_job_table_len, &job, "examples/fashion-mlp.ini");
+    char err[OMV_CONFIG_ERR_MAX], path[1024];
+    snprintf(path, sizeof(path), "%s/examples/fashion-mlp.ini", getenv("OMV_SOURCE_ROOT"));
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_int_eq(job.n_layers, 3);
+    ck_assert_int_eq(job.layers[1], 256);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config_files");
+    TCase *tc = tcase_create("shipped");
+    tcase_add_test(tc, test_daemon_conf);
+    tcase_add_test(tc, test_example_job);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
