@@ -161,13 +161,28 @@ typedef struct {
     int failed;
 } load_ctx_t;
 
-/* Our reader for ini_parse_stream: inih's handler gets no line number, so we count lines. */
+/* Our reader for ini_parse_stream: inih's handler gets no line number, so we count lines.
+ * inih reads into a fixed buffer of num bytes; a longer line would be split into two bogus
+ * lines, so it is refused here with its number instead. */
 static char *reader(char *str, int num, void *stream)
 {
     load_ctx_t *ctx = stream;
     char *s = fgets(str, num, ctx->file);
-    if (s != NULL)
-        ctx->line++;
+    if (s == NULL)
+        return NULL;
+    ctx->line++;
+    size_t len = strlen(s);
+    if (len == (size_t)num - 1 && s[len - 1] != '\n' && !feof(ctx->file)) {
+        int c;
+        while ((c = fgetc(ctx->file)) != EOF && c != '\n')
+            ;
+        if (!ctx->failed) {
+            snprintf(ctx->err, OMV_CONFIG_ERR_MAX, "line %d: line is longer than %d characters",
+                     ctx->line, num - 2);
+            ctx->failed = 1;
+        }
+        str[0] = '\0';
+    }
     return s;
 }
 
