@@ -233,12 +233,13 @@ int omv_config_load(const omv_config_entry_t *table, size_t n, const char *path,
         goto out;
     }
     int pr = ini_parse_stream(reader, &ctx, handler, &ctx);
-    if (ctx.failed) {
-        /* why starts with "line N: "; make it "path:N: ..." */
-        int line = 0;
-        const char *rest = why;
-        if (sscanf(why, "line %d: ", &line) == 1)
-            rest = strchr(why, ':') + 2;
+    /* why starts with "line N: "; inih's pr is the first bad line of either kind, so a syntax
+     * error before our first refusal is the one to report. */
+    int line = 0;
+    const char *rest = why;
+    if (ctx.failed && sscanf(why, "line %d: ", &line) == 1)
+        rest = strchr(why, ':') + 2;
+    if (ctx.failed && !(pr > 0 && pr < line)) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s:%d: %s", path, line, rest);
         r = -EINVAL;
         goto out;

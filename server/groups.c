@@ -138,8 +138,11 @@ void omv_groups_leave(omv_groups_t *self, uint32_t slot)
     if (gr->live == 0) {
         if (self->ev.retire)
             self->ev.retire(self->ev.ctx, group);
+        /* A worker joining later starts the current step afresh. */
+        gr->shards_applied = 0;
         memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
         memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
+        memset(gr->applied, 0, self->n_shards);
         return;
     }
     settle(self, group);

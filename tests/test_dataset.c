@@ -1,0 +1,325 @@
+/* The IDX reader: raw and gzipped pairs load byte for byte, slices select the right images, and
+ * broken, mismatched, missing or out-of-range inputs are refused with the file named. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "dataset.h"
+#include "testutil.h"
+
+#define COUNT 5
+#define ROWS 3
+#define COLS 4
+#define SIZE (ROWS * COLS)
+
+static char dir[256];
+static char images[512], labels[512];
+static uint8_t pixels[COUNT * SIZE], label_bytes[COUNT];
+
+/* One folder per test case, made and removed outside the forked tests so that a failing test
+ * leaves nothing behind; every test writes the files it reads. */
+static void setup(void)
+{
+    omv_test_tmpdir(dir, sizeof(dir));
+    snprintf(images, sizeof(images), "%s/images.idx", dir);
+    snprintf(labels, sizeof(labels), "%s/labels.idx", dir);
+    for (int i = 0; i < COUNT * SIZE; i++)
+        pixels[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < COUNT; i++)
+        label_bytes[i] = (uint8_t)((i * 3 + 1) % 7); /* 1 4 0 3 6 */
+}
+
+static void teardown(void)
+{
+    omv_test_rmdir(dir);
+}
+
+static void write_pair(int gz)
+{
+    ck_assert_int_eq(omv_test_write_idx(images, labels, pixels, label_bytes, COUNT, ROWS, COLS, gz),
+                     0);
+}
+
+/* Writes bytes[len] to path, gzipped or not. */
+static void write_bytes(const char *path, const uint8_t *bytes, size_t len, int gz)
+{
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_int_eq(gzwrite(f, bytes, (unsigned)len), (int)len);
+        ck_assert_int_eq(gzclose(f), Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        ck_assert_uint_eq(fwrite(bytes, 1, len, f), len);
+        fclose(f);
+    }
+}
+
+/* An image file whose header claims COUNT images but holds only `present` of them. */
+static void write_short_images(uint32_t present, int gz)
+{
+    uint8_t buf[16 + COUNT * SIZE] = {0, 0, 8, 3, 0, 0, 0, COUNT, 0, 0, 0, ROWS, 0, 0, 0, COLS};
+    memcpy(buf + 16, pixels, present * SIZE);
+    write_bytes(images, buf, 16 + present * SIZE, gz);
+}
+
+static void assert_refused(int want, const char *path, const char *words)
+{
+    omv_dataset_t d;
+    memset(&d, 0, sizeof(d));
+    d.count = 12345;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, 0, 0, err), want);
+    ck_assert_msg(strstr(err, path) != NULL, "error '%s' does not name %s", err, path);
+    ck_assert_msg(strstr(err, words) != NULL, "error '%s' does not say '%s'", err, words);
+    ck_assert_uint_eq(d.count, 12345); /* untouched on failure */
+}
+
+static void load_whole(int gz)
+{
+    write_pair(gz);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_msg(omv_dataset_load(&d, images, labels, 0, 0, err) == 0, "%s", err);
+    ck_assert_uint_eq(d.count, COUNT);
+    ck_assert_uint_eq(d.total, COUNT);
+    ck_assert_uint_eq(d.rows, ROWS);
+    ck_assert_uint_eq(d.cols, COLS);
+    ck_assert_mem_eq(d.pixels, pixels, sizeof(pixels));
+    ck_assert_mem_eq(d.labels, label_bytes, COUNT);
+    ck_assert_uint_eq(d.max_label, 6);
+    omv_dataset_fini(&d);
+    ck_assert_ptr_null(d.pixels);
+}
+
+START_TEST(test_load_raw)
+{
+    load_whole(0);
+    FILE *f = fopen(images, "rb");
+    uint8_t magic[4];
+    ck_assert_uint_eq(fread(magic, 1, 4, f), 4);
+    fclose(f);
+    ck_assert_uint_eq(magic[3], 3); /* really the raw IDX file */
+}
+END_TEST
+
+START_TEST(test_load_gz)
+{
+    load_whole(1);
+    FILE *f = fopen(images, "rb");
+    uint8_t magic[2];
+    ck_assert_uint_eq(fread(magic, 1, 2, f), 2);
+    fclose(f);
+    ck_assert(magic[0] == 0x1f && magic[1] == 0x8b); /* really gzipped */
+}
+END_TEST
+
+static void load_slice(int gz, uint32_t begin, uint32_t count, uint32_t want_count)
+{
+    write_pair(gz);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_msg(omv_dataset_load(&d, images, labels, begin, count, err) == 0, "%s", err);
+    ck_assert_uint_eq(d.count, want_count);
+    ck_assert_uint_eq(d.total, COUNT);
+    ck_assert_mem_eq(d.pixels, pixels + begin * SIZE, want_count * SIZE);
+    ck_assert_mem_eq(d.labels, label_bytes + begin, want_count);
+    omv_dataset_fini(&d);
+}
+
+START_TEST(test_slice)
+{
+    load_slice(0, 2, 2, 2);
+    load_slice(1, 2, 2, 2);
+    load_slice(0, 4, 1, 1);
+    load_slice(1, 1, 4, 4);
+}
+END_TEST
+
+START_TEST(test_slice_to_end)
+{
+    load_slice(0, 3, 0, 2);
+    load_slice(1, 3, 0, 2);
+    load_slice(0, 4, 0, 1);
+}
+END_TEST
+
+START_TEST(test_wrong_magic)
+{
+    write_pair(0);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    /* The label file given as images, then the image file given as labels. */
+    ck_assert_int_eq(omv_dataset_load(&d, labels, labels, 0, 0, err), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, labels));
+    ck_assert_ptr_nonnull(strstr(err, "not an IDX image file"));
+    ck_assert_int_eq(omv_dataset_load(&d, images, images, 0, 0, err), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, images));
+    ck_assert_ptr_nonnull(strstr(err, "not an IDX label file"));
+}
+END_TEST
+
+START_TEST(test_truncated_images_raw)
+{
+    write_pair(0);
+    write_short_images(3, 0);
+    assert_refused(-EPROTO, images, "image data");
+}
+END_TEST
+
+START_TEST(test_truncated_images_gz)
+{
+    write_pair(1);
+    write_short_images(3, 1);
+    assert_refused(-EPROTO, images, "image data");
+}
+END_TEST
+
+START_TEST(test_gz_cut_short)
+{
+    write_pair(1);
+    /* Keep only the first half of the compressed stream. */
+    FILE *f = fopen(images, "rb");
+    uint8_t buf[4096];
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fclose(f);
+    ck_assert_uint_gt(n, 20);
+    write_bytes(images, buf, n / 2, 0);
+    assert_refused(-EPROTO, images, "");
+}
+END_TEST
+
+START_TEST(test_truncated_header_and_labels)
+{
+    static const uint8_t head[] = {0, 0, 8, 3, 0, 0, 0, COUNT, 0, 0};
+    write_pair(0);
+    write_bytes(images, head, sizeof(head), 0);
+    assert_refused(-EPROTO, images, "header");
+
+    write_pair(0);
+    uint8_t lab[8 + COUNT] = {0, 0, 8, 1, 0, 0, 0, COUNT};
+    write_bytes(labels, lab, 8 + COUNT - 1, 0); /* one label short */
+    assert_refused(-EPROTO, labels, "label data");
+}
+END_TEST
+
+START_TEST(test_zero_dimension)
+{
+    static const uint8_t head[] = {0, 0, 8, 3, 0, 0, 0, COUNT, 0, 0, 0, 0, 0, 0, 0, COLS};
+    write_pair(0);
+    write_bytes(images, head, sizeof(head), 0);
+    assert_refused(-EPROTO, images, "dimension");
+}
+END_TEST
+
+START_TEST(test_count_mismatch)
+{
+    char other_images[600], other_labels[600];
+    snprintf(other_images, sizeof(other_images), "%s/other-images", dir);
+    snprintf(other_labels, sizeof(other_labels), "%s/other-labels", dir);
+    ck_assert_int_eq(omv_test_write_idx(other_images, other_labels, pixels, label_bytes, COUNT - 1,
+                                        ROWS, COLS, 0),
+                     0);
+    write_pair(0);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_int_eq(omv_dataset_load(&d, images, other_labels, 0, 0, err), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, other_labels));
+    ck_assert_ptr_nonnull(strstr(err, "holds 4 labels"));
+    ck_assert_int_eq(omv_dataset_load(&d, other_images, labels, 0, 0, err), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, labels));
+    ck_assert_ptr_nonnull(strstr(err, "holds 5 labels"));
+}
+END_TEST
+
+START_TEST(test_range_past_end)
+{
+    write_pair(0);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, 4, 2, err), -ERANGE);
+    ck_assert_ptr_nonnull(strstr(err, images));
+    err[0] = '\0';
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, COUNT, 0, err), -ERANGE);
+    ck_assert_ptr_nonnull(strstr(err, images));
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, 0, COUNT + 1, err), -ERANGE);
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, UINT32_MAX, 2, err), -ERANGE);
+    /* The largest valid range still loads. */
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, 0, COUNT, err), 0);
+    omv_dataset_fini(&d);
+}
+END_TEST
+
+START_TEST(test_missing_file)
+{
+    write_pair(0);
+    char missing[600];
+    snprintf(missing, sizeof(missing), "%s/no-such-file.gz", dir);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_int_eq(omv_dataset_load(&d, missing, labels, 0, 0, err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err, missing));
+    ck_assert_int_eq(omv_dataset_load(&d, images, missing, 0, 0, err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err, missing));
+}
+END_TEST
+
+START_TEST(test_probe)
+{
+    uint32_t count = 0, rows = 0, cols = 0;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_int_eq(omv_test_make_blobs(images, labels, 40, 7, 9, 3, 1, 1), 0);
+    ck_assert_msg(omv_dataset_probe(images, &count, &rows, &cols, err) == 0, "%s", err);
+    ck_assert_uint_eq(count, 40);
+    ck_assert_uint_eq(rows, 7);
+    ck_assert_uint_eq(cols, 9);
+
+    count = rows = cols = 99;
+    ck_assert_int_eq(omv_dataset_probe(labels, &count, &rows, &cols, err), -EPROTO);
+    ck_assert_ptr_nonnull(strstr(err, labels));
+    ck_assert_uint_eq(count, 99); /* untouched on failure */
+    char missing[600];
+    snprintf(missing, sizeof(missing), "%s/missing", dir);
+    ck_assert_int_eq(omv_dataset_probe(missing, &count, &rows, &cols, err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err, missing));
+}
+END_TEST
+
+static Suite *dataset_suite(void)
+{
+    Suite *s = suite_create("dataset");
+    TCase *tc = tcase_create("load");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_load_raw);
+    tcase_add_test(tc, test_load_gz);
+    tcase_add_test(tc, test_slice);
+    tcase_add_test(tc, test_slice_to_end);
+    tcase_add_test(tc, test_probe);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("refusals");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_wrong_magic);
+    tcase_add_test(tc, test_truncated_images_raw);
+    tcase_add_test(tc, test_truncated_images_gz);
+    tcase_add_test(tc, test_gz_cut_short);
+    tcase_add_test(tc, test_truncated_header_and_labels);
+    tcase_add_test(tc, test_zero_dimension);
+    tcase_add_test(tc, test_count_mismatch);
+    tcase_add_test(tc, test_range_past_end);
+    tcase_add_test(tc, test_missing_file);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(dataset_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed != 0;
+}
