@@ -469,9 +469,5 @@ int main(void)
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_daemon_sigterm);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return omv_test_run(s);
 }

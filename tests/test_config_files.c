@@ -7,6 +7,7 @@
 
 #include "daemon.h"
 #include "job.h"
+#include "testutil.h"
 
 static void check_file(const omv_config_entry_t *table, size_t n, void *target, const char *rel)
 {
@@ -50,9 +51,5 @@ int main(void)
     tcase_add_test(tc, test_daemon_conf);
     tcase_add_test(tc, test_example_job);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return omv_test_run(s);
 }

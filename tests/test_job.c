@@ -338,9 +338,5 @@ static Suite *job_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(job_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return omv_test_run(job_suite());
 }

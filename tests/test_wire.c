@@ -440,9 +440,5 @@ static Suite *wire_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(wire_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed != 0;
+    return omv_test_run(wire_suite());
 }

@@ -110,3 +110,12 @@ void omv_test_rmdir(const char *dir)
     closedir(d);
     rmdir(dir);
 }
+
+int omv_test_run(Suite *suite)
+{
+    SRunner *sr = srunner_create(suite);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed != 0;
+}

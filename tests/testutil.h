@@ -1,6 +1,7 @@
 /* Helpers shared by the test suites: temporary folders and small generated IDX data sets. */
 #pragma once
 
+#include <check.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,3 +21,6 @@ int omv_test_make_blobs(const char *images_path, const char *labels_path, uint32
 
 /* Removes a folder and the files directly in it. */
 void omv_test_rmdir(const char *dir);
+
+/* Runs a suite (taken) with Check's normal output; returns the process exit status. */
+int omv_test_run(Suite *suite);
