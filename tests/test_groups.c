@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "groups.h"
+#include "testutil.h"
 
 /* Every event, in order, as text: "apply g/s xC;", "advance g c;", "retire g;". */
 static char events[4096];

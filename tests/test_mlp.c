@@ -8,6 +8,7 @@
 
 #include "mlp.h"
 #include "rng.h"
+#include "testutil.h"
 
 #define EPS 1e-2f
 

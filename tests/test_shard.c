@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "shard.h"
+#include "testutil.h"
 
 /* The update as the header documents it, written out on its own in double. The test numbers are
  * short binary fractions, so every intermediate is exact in float as well. */

@@ -7,6 +7,7 @@
 
 #include "rng.h"
 #include "wire.h"
+#include "testutil.h"
 
 #define BUF_CAP 16384
 
