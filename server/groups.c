@@ -82,10 +82,24 @@ int omv_groups_join(omv_groups_t *self, uint32_t slot, uint32_t group)
 {
     if (slot >= self->n_slots || group >= self->n_groups || self->slot_group[slot] >= 0)
         return -EINVAL;
+    group_t *gr = &self->groups[group];
+    if (gr->live == 0) {
+        /* A group that lost every member fell behind while it was empty; it comes back at the
+         * slowest live group's clock, so the bound holds for everyone from the first step. */
+        uint64_t floor = omv_groups_min_clock(self);
+        if (floor != UINT64_MAX && gr->clock < floor)
+            gr->clock = floor;
+    }
     self->slot_group[slot] = (int32_t)group;
     memset(self->pushed + (size_t)slot * self->n_shards, 0, self->n_shards);
-    self->groups[group].live++;
+    gr->live++;
     return 0;
+}
+
+void omv_groups_set_clock(omv_groups_t *self, uint32_t group, uint64_t clock)
+{
+    if (group < self->n_groups && self->groups[group].live == 0)
+        self->groups[group].clock = clock;
 }
 
 /* Starts the group's next step: clears arrivals and every member's pushed flags. */

@@ -26,8 +26,13 @@ omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_sha
                              int64_t staleness, const omv_groups_events_t *events);
 void omv_groups_destroy(omv_groups_t **self_p);
 
-/* Puts a live worker in slot into group. Returns 0 or -EINVAL (slot taken or out of range). */
+/* Puts a live worker in slot into group. A group with no live members starts again at the
+ * smallest clock among live groups when its own is older. Returns 0 or -EINVAL (slot taken or
+ * out of range). */
 int omv_groups_join(omv_groups_t *self, uint32_t slot, uint32_t group);
+
+/* Sets the clock of a group that has no live members (resuming from a checkpoint). */
+void omv_groups_set_clock(omv_groups_t *self, uint32_t group, uint64_t clock);
 
 /* The worker in slot is gone: its group stops waiting for it (which may complete shards). */
 void omv_groups_leave(omv_groups_t *self, uint32_t slot);
