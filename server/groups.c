@@ -9,6 +9,7 @@
 typedef struct {
     uint64_t clock;           /* steps completed: the step being gathered now */
     uint32_t live;            /* live members */
+    uint32_t joining;         /* members that start with the next step */
     uint32_t shards_applied;  /* shards of the current step already applied */
     uint32_t *arrived;        /* [n_shards] pushes from live members this step */
     uint32_t *counted;        /* [n_shards] gradients summed this step */
@@ -20,6 +21,7 @@ struct omv_groups {
     int64_t staleness;
     omv_groups_events_t ev;
     int32_t *slot_group; /* [n_slots], -1 empty */
+    uint8_t *joining;    /* [n_slots] joined mid-step: a member from the group's next step */
     uint8_t *pushed;     /* [n_slots][n_shards] this step */
     group_t *groups;     /* [n_groups] */
 };
@@ -41,8 +43,9 @@ omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_sha
     self->ev = *events;
     self->slot_group = malloc(n_slots * sizeof(int32_t));
     self->pushed = calloc((size_t)n_slots * n_shards, 1);
+    self->joining = calloc(n_slots, 1);
     self->groups = calloc(n_groups, sizeof(group_t));
-    if (!self->slot_group || !self->pushed || !self->groups)
+    if (!self->slot_group || !self->pushed || !self->joining || !self->groups)
         goto fail;
     for (uint32_t i = 0; i < n_slots; i++)
         self->slot_group[i] = -1;
@@ -73,6 +76,7 @@ void omv_groups_destroy(omv_groups_t **self_p)
     }
     free(self->groups);
     free(self->pushed);
+    free(self->joining);
     free(self->slot_group);
     free(self);
     *self_p = NULL;
@@ -92,6 +96,13 @@ int omv_groups_join(omv_groups_t *self, uint32_t slot, uint32_t group)
     }
     self->slot_group[slot] = (int32_t)group;
     memset(self->pushed + (size_t)slot * self->n_shards, 0, self->n_shards);
+    if (gr->shards_applied > 0) {
+        /* Part of this step is applied already: a gradient from the newcomer could go into no
+         * update. It is a member from the next step on. */
+        self->joining[slot] = 1;
+        gr->joining++;
+        return 1;
+    }
     gr->live++;
     return 0;
 }
@@ -111,9 +122,16 @@ static void next_step(omv_groups_t *self, uint32_t group)
     memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
     memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
     memset(gr->applied, 0, self->n_shards);
-    for (uint32_t s = 0; s < self->n_slots; s++)
-        if (self->slot_group[s] == (int32_t)group)
-            memset(self->pushed + (size_t)s * self->n_shards, 0, self->n_shards);
+    for (uint32_t s = 0; s < self->n_slots; s++) {
+        if (self->slot_group[s] != (int32_t)group)
+            continue;
+        memset(self->pushed + (size_t)s * self->n_shards, 0, self->n_shards);
+        if (self->joining[s]) {
+            self->joining[s] = 0;
+            gr->joining--;
+            gr->live++;
+        }
+    }
 }
 
 /* Applies every shard that has all live members' gradients; advances the clock when all are. */
@@ -144,6 +162,11 @@ void omv_groups_leave(omv_groups_t *self, uint32_t slot)
     uint32_t group = (uint32_t)self->slot_group[slot];
     group_t *gr = &self->groups[group];
     self->slot_group[slot] = -1;
+    if (self->joining[slot]) {
+        self->joining[slot] = 0;
+        gr->joining--;
+        return;
+    }
     gr->live--;
     /* Its gradients already summed this step stay counted; it is no longer waited for. */
     for (uint32_t sh = 0; sh < self->n_shards; sh++)
@@ -152,11 +175,15 @@ void omv_groups_leave(omv_groups_t *self, uint32_t slot)
     if (gr->live == 0) {
         if (self->ev.retire)
             self->ev.retire(self->ev.ctx, group);
-        /* A worker joining later starts the current step afresh. */
-        gr->shards_applied = 0;
-        memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
-        memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
-        memset(gr->applied, 0, self->n_shards);
+        if (gr->shards_applied > 0) {
+            /* Part of the step is in the model: the step counts as done, so that nobody applies
+             * those shards again. Members waiting to join start with the next step. */
+            next_step(self, group);
+        } else {
+            /* Nothing of the step is in the model: a worker joining later starts it afresh. */
+            memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
+            memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
+        }
         return;
     }
     settle(self, group);
@@ -176,6 +203,11 @@ omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint
     }
     uint32_t group = (uint32_t)self->slot_group[slot];
     const group_t *gr = &self->groups[group];
+    if (self->joining[slot]) {
+        snprintf(why, OMV_WIRE_REASON_MAX, "slot %u joins group %u with step %llu, not %llu",
+                 slot, group, (unsigned long long)gr->clock + 1, (unsigned long long)step);
+        return OMV_REFUSE_STEP;
+    }
     if (step != gr->clock) {
         snprintf(why, OMV_WIRE_REASON_MAX, "gradient for step %llu but group %u is at step %llu",
                  (unsigned long long)step, group, (unsigned long long)gr->clock);
@@ -234,6 +266,14 @@ int omv_groups_of(const omv_groups_t *self, uint32_t slot)
 uint32_t omv_groups_count(const omv_groups_t *self)
 {
     return self->n_groups;
+}
+
+bool omv_groups_settled(const omv_groups_t *self)
+{
+    for (uint32_t g = 0; g < self->n_groups; g++)
+        if (self->groups[g].live > 0 && self->groups[g].shards_applied > 0)
+            return false;
+    return true;
 }
 
 uint64_t omv_groups_min_clock(const omv_groups_t *self)

@@ -27,8 +27,11 @@ omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_sha
 void omv_groups_destroy(omv_groups_t **self_p);
 
 /* Puts a live worker in slot into group. A group with no live members starts again at the
- * smallest clock among live groups when its own is older. Returns 0 or -EINVAL (slot taken or
- * out of range). */
+ * smallest clock among live groups when its own is older. Returns 0 when the worker is a member
+ * of the group's current step, 1 when part of that step is applied already and it is a member
+ * from the next step on (its first step is clock + 1), or -EINVAL (slot taken or out of range).
+ * A group whose last live member leaves half-way through applying a step counts that step as
+ * done, so no shard of it is applied twice. */
 int omv_groups_join(omv_groups_t *self, uint32_t slot, uint32_t group);
 
 /* Sets the clock of a group that has no live members (resuming from a checkpoint). */
@@ -53,9 +56,14 @@ void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard, b
 bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step);
 
 uint64_t omv_groups_clock(const omv_groups_t *self, uint32_t group);
+/* Live members, not counting those that join with the next step. */
 uint32_t omv_groups_live(const omv_groups_t *self, uint32_t group);
 /* The group of a slot, or -1 when the slot is empty. */
 int omv_groups_of(const omv_groups_t *self, uint32_t slot);
 uint32_t omv_groups_count(const omv_groups_t *self);
+/* Whether no group is half-way through applying a step (some shards applied, others not): the
+ * model then holds whole steps only, as a checkpoint must. */
+bool omv_groups_settled(const omv_groups_t *self);
+
 /* The smallest clock among groups with live members (UINT64_MAX when none). */
 uint64_t omv_groups_min_clock(const omv_groups_t *self);
