@@ -12,6 +12,7 @@
 #define STR(f) OMV_CONFIG_STRING, FIELD(f), sizeof(((omv_job_t *)0)->f)
 #define INT(f) OMV_CONFIG_INT, FIELD(f), 0
 #define DBL(f) OMV_CONFIG_DOUBLE, FIELD(f), 0
+#define BOOL(f) OMV_CONFIG_BOOL, FIELD(f), 0
 
 #define FMNIST "/usr/share/datasets/fashion-mnist/"
 
@@ -44,11 +45,23 @@ const omv_config_entry_t omv_job_table[] = {
     {"cluster", "shards", INT(shards), "2", 1, 256, 0, "parameter shards on the daemon"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead"},
+    {"cluster", "start_timeout_s", DBL(start_timeout_s), "60", 0.1, 86400, 0,
+     "start with the workers that came (at least one) when not all came within this long"},
     {"eval", "every_epochs", DBL(eval_every_epochs), "0.5", 0, 1000, 0,
      "evaluate on the test set this often (0: only at the end)"},
     {"eval", "batch_size", INT(eval_batch_size), "1000", 1, 65536, 0, "images per eval batch"},
     {"eval", "progress_interval_s", DBL(progress_interval_s), "2", 0.1, 3600, 0,
      "seconds between progress lines"},
+    {"checkpoint", "dir", STR(checkpoint_dir), "", 0, 0, 0,
+     "where checkpoints go (empty: STATE_DIR/checkpoints/JOB_NAME, STATE_DIR from the daemon)"},
+    {"checkpoint", "every_s", DBL(checkpoint_every_s), "60", 0, 1e7, 0,
+     "write a checkpoint this often while training (0: not by time)"},
+    {"checkpoint", "every_steps", INT(checkpoint_every_steps), "0", 0, 1e12, 0,
+     "also write one every N steps of the slowest group (0: not by steps)"},
+    {"checkpoint", "keep", INT(checkpoint_keep), "3", 1, 1000, 0,
+     "checkpoints kept; older ones are deleted"},
+    {"checkpoint", "resume", BOOL(checkpoint_resume), "yes", 0, 1, 0,
+     "resume from the newest valid checkpoint of this job at start"},
 };
 const size_t omv_job_table_len = OMV_ARRAY_SIZE(omv_job_table);
 

@@ -37,10 +37,17 @@ typedef struct {
     int64_t staleness; /* -1: no bound */
     int64_t shards;
     double worker_timeout_s;
+    double start_timeout_s; /* start with fewer than `workers` after this long */
     /* [eval] */
     double eval_every_epochs; /* 0: only at the end */
     int64_t eval_batch_size;
     double progress_interval_s;
+    /* [checkpoint] */
+    char checkpoint_dir[OMV_JOB_PATH_MAX]; /* empty: <state_dir>/checkpoints/<name> */
+    double checkpoint_every_s;             /* 0: not by time */
+    int64_t checkpoint_every_steps;        /* 0: not by steps */
+    int64_t checkpoint_keep;
+    int checkpoint_resume;
 } omv_job_t;
 
 extern const omv_config_entry_t omv_job_table[];

@@ -50,7 +50,7 @@ const char *omv_refuse_name(omv_refuse_t code)
 
 static const char *const msg_names[] = {
     "none",   "hello",     "welcome",      "pull",        "params", "push",
-    "heartbeat", "eval_request", "eval_result", "error",  "stop",
+    "heartbeat", "eval_request", "eval_result", "error",  "stop", "leave",
 };
 
 const char *omv_msg_name(omv_msg_type_t type)
@@ -88,6 +88,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
     Omnivore__EvalResult eres = OMNIVORE__EVAL_RESULT__INIT;
     Omnivore__Error error = OMNIVORE__ERROR__INIT;
     Omnivore__Stop stop = OMNIVORE__STOP__INIT;
+    Omnivore__Leave leave = OMNIVORE__LEAVE__INIT;
 
     switch (msg->type) {
     case OMV_MSG_HELLO: {
@@ -97,6 +98,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         hello.hostname = (char *)h->hostname;
         hello.pid = h->pid;
         hello.threads = h->threads;
+        hello.previous_worker_id = h->previous_worker_id;
         env.hello = &hello;
         break;
     }
@@ -106,6 +108,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         welcome.protocol_version = w->protocol_version;
         welcome.worker_id = w->worker_id;
         welcome.group = w->group;
+        welcome.start_step = w->start_step;
         job.name = (char *)j->name;
         job.n_layers = j->n_layers;
         job.layers = (uint32_t *)j->layers;
@@ -139,6 +142,8 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         params.offset = p->offset;
         params.count = p->count;
         params.group = p->group;
+        params.slice_begin = p->slice_begin;
+        params.slice_count = p->slice_count;
         env.params = &params;
         break;
     }
@@ -181,7 +186,13 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         break;
     case OMV_MSG_STOP:
         stop.reason = (char *)msg->u.stop.reason;
+        stop.reconnect = msg->u.stop.reconnect != 0;
         env.stop = &stop;
+        break;
+    case OMV_MSG_LEAVE:
+        leave.worker_id = msg->u.leave.worker_id;
+        leave.reason = (char *)msg->u.leave.reason;
+        env.leave = &leave;
         break;
     default:
         return -EINVAL;
@@ -255,6 +266,7 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.hello.role = (omv_role_t)h->role;
         m->u.hello.pid = h->pid;
         m->u.hello.threads = h->threads;
+        m->u.hello.previous_worker_id = h->previous_worker_id;
         return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname,
                         "hostname", why);
     }
@@ -262,6 +274,7 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.welcome.protocol_version = env->welcome->protocol_version;
         m->u.welcome.worker_id = env->welcome->worker_id;
         m->u.welcome.group = env->welcome->group;
+        m->u.welcome.start_step = env->welcome->start_step;
         return decode_jobspec(env->welcome->job, &m->u.welcome.job, why);
     case OMNIVORE__ENVELOPE__BODY_PULL:
         m->u.pull.worker_id = env->pull->worker_id;
@@ -269,7 +282,8 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         return 0;
     case OMNIVORE__ENVELOPE__BODY_PARAMS: {
         const Omnivore__Params *p = env->params;
-        m->u.params = (omv_params_t){p->step, p->shard, p->offset, p->count, p->group};
+        m->u.params = (omv_params_t){p->step,  p->shard,       p->offset,      p->count,
+                                     p->group, p->slice_begin, p->slice_count};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {
@@ -298,7 +312,12 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         return copy_str(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason",
                         why);
     case OMNIVORE__ENVELOPE__BODY_STOP:
+        m->u.stop.reconnect = env->stop->reconnect;
         return copy_str(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
+    case OMNIVORE__ENVELOPE__BODY_LEAVE:
+        m->u.leave.worker_id = env->leave->worker_id;
+        return copy_str(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason",
+                        why);
     default:
         FAIL("envelope has no message");
     }

@@ -9,7 +9,7 @@
 #include "job.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 1
+#define OMV_PROTOCOL_VERSION 2
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
@@ -28,6 +28,7 @@ typedef enum {
     OMV_MSG_EVAL_RESULT,
     OMV_MSG_ERROR,
     OMV_MSG_STOP,
+    OMV_MSG_LEAVE,
 } omv_msg_type_t;
 
 typedef enum {
@@ -58,6 +59,7 @@ typedef struct {
     char hostname[64];
     uint32_t pid;
     uint32_t threads;
+    uint32_t previous_worker_id;
 } omv_hello_t;
 
 typedef struct {
@@ -83,6 +85,7 @@ typedef struct {
     uint32_t worker_id;
     uint32_t group;
     omv_jobspec_t job;
+    uint64_t start_step;
 } omv_welcome_t;
 
 typedef struct {
@@ -94,6 +97,7 @@ typedef struct {
     uint64_t step;
     uint32_t shard, offset, count; /* count floats follow */
     uint32_t group;
+    uint32_t slice_begin, slice_count;
 } omv_params_t;
 
 typedef struct {
@@ -128,7 +132,13 @@ typedef struct {
 
 typedef struct {
     char reason[OMV_WIRE_REASON_MAX];
+    int reconnect; /* the daemon stops, the job does not: reconnect */
 } omv_stop_t;
+
+typedef struct {
+    uint32_t worker_id;
+    char reason[OMV_WIRE_REASON_MAX];
+} omv_leave_t;
 
 typedef struct {
     omv_msg_type_t type;
@@ -143,6 +153,7 @@ typedef struct {
         omv_eval_result_t eval_result;
         omv_error_t error;
         omv_stop_t stop;
+        omv_leave_t leave;
     } u;
 } omv_msg_t;
 

@@ -1,4 +1,5 @@
-/* omnivored's event loop: registration, pulls and pushes, groups, evaluation, status. */
+/* omnivored's event loop: membership (registration, leaving, death, rejoining), pulls and
+ * pushes, groups, evaluation, the job's lifecycle and its periodic work. */
 #define OMV_LOG_TAG "daemon"
 #include "daemon.h"
 
@@ -11,17 +12,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "control.h"
+#include "daemon_priv.h"
 #include "dataset.h"
-#include "groups.h"
-#include "kv.h"
 #include "log.h"
-#include "model.h"
-#include "router.h"
-#include "shard.h"
-#include "strbuf.h"
 #include "util.h"
-#include "wire.h"
 
 #define FIELD(f) offsetof(omv_daemon_config_t, f)
 #define STR(f) OMV_CONFIG_STRING, FIELD(f), sizeof(((omv_daemon_config_t *)0)->f)
@@ -34,96 +28,62 @@ const omv_config_entry_t omv_daemon_table[] = {
     {"daemon", "job", STR(job), "", 0, 0, 0, "job file to run at start"},
     {"daemon", "log_level", STR(log_level), "info", 0, 0, OMV_CONFIG_RUNTIME,
      "error, warn, info or debug"},
+    {"daemon", "state_dir", STR(state_dir), "/var/lib/omnivore", 0, 0, 0,
+     "state folder: checkpoints go to STATE_DIR/checkpoints/JOB_NAME unless the job says"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 
+const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing", "done",
+                                              "failed"};
+
 #define CRON_MS 100
-#define MAX_EVALUATORS 4
 #define REFUSALS_LOGGED 10
-
-typedef enum { JOB_WAITING, JOB_RUNNING, JOB_FINISHING, JOB_DONE, JOB_FAILED } job_state_t;
-static const char *const state_names[] = {"waiting", "running", "finishing", "done", "failed"};
-
-typedef struct {
-    int used, alive;
-    omv_peer_t peer;
-    omv_role_t role;
-    uint32_t slot;  /* trainers: slot and slice index */
-    char host[64];
-    uint32_t pid;
-    int64_t last_seen_ms;
-    uint64_t steps; /* steps pushed */
-    int parked;     /* a pull is waiting */
-    uint64_t parked_step;
-} member_t;
-
-typedef struct {
-    double epoch, wall_s, accuracy, loss;
-} eval_point_t;
-
-struct omv_daemon {
-    omv_daemon_config_t cfg;
-    omv_job_t job;
-    char job_path[OMV_JOB_PATH_MAX];
-    omv_router_t *router;
-    omv_control_t *control;
-    int shutdown;
-
-    /* The model. */
-    omv_model_layout_t layout;
-    float *params; /* [param_count], split among the shards */
-    uint32_t n_shards;
-    uint32_t shard_offsets[OMV_WIRE_MAX_SHARDS + 1];
-    omv_shard_t *shards;
-    float *scratch; /* [largest shard] for gradients whose payload is misaligned */
-    omv_sgd_t sgd;
-    omv_groups_t *groups;
-
-    /* Members: trainers take ids 1..workers, evaluators after; id = index + 1. */
-    member_t *members;
-    uint32_t n_members_max, n_members, n_trainers;
-
-    /* The job's schedule. */
-    job_state_t state;
-    uint32_t slice_count, steps_per_epoch, total_steps;
-    uint32_t worker_batch; /* images per worker per step: the group's batch over its members */
-    uint64_t epoch_images; /* images in one epoch across all slices */
-    double created_s, start_s, train_end_s, end_s;
-    uint64_t images_total, steps_total;
-    uint64_t *group_images; /* [groups] images of the group's current step */
-    double loss_sum;        /* since the last progress line */
-    uint64_t loss_n;
-    double last_loss;
-    double last_line_s;
-    uint64_t last_line_images;
-    char fail_reason[256];
-
-    /* Evaluation. */
-    uint32_t evaluator; /* member index + 1 of the live evaluator; 0 none */
-    int eval_busy, eval_wanted, eval_final_sent;
-    uint64_t eval_id;
-    double eval_epoch, eval_wall_s;
-    double next_eval_epoch;
-    eval_point_t *history;
-    size_t n_history, cap_history;
-
-    uint64_t refused[OMV_REFUSE_COUNT_];
-    int64_t last_cron_ms;
-};
+/* How long the daemon waits on its way out for groups to finish applying a step, so that the
+ * last checkpoint holds whole steps. */
+#define EXIT_SETTLE_MS 2000
 
 static double now_s(void)
 {
     return omv_time_s();
 }
 
-static double epoch_now(const omv_daemon_t *d)
+double omv_daemon_epoch(const omv_daemon_t *d)
 {
-    return d->epoch_images ? (double)d->images_total / (double)d->epoch_images : 0.0;
+    return d->train_count ? (double)d->images_total / (double)d->train_count : 0.0;
 }
 
-static double since_start(const omv_daemon_t *d)
+/* Seconds of training so far, across restarts. */
+double omv_daemon_train_seconds(const omv_daemon_t *d)
 {
-    return d->start_s > 0 ? now_s() - d->start_s : 0.0;
+    if (d->start_s == 0)
+        return d->train_s_before;
+    double end = d->train_end_s > 0 ? d->train_end_s : now_s();
+    return d->train_s_before + (end - d->start_s);
+}
+
+double omv_daemon_wall_seconds(const omv_daemon_t *d)
+{
+    if (d->start_s == 0)
+        return d->train_s_before;
+    return d->train_s_before + (d->end_s > 0 ? d->end_s : now_s()) - d->start_s;
+}
+
+int omv_daemon_live_trainers(const omv_daemon_t *d)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < d->n_members; i++)
+        n += d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER;
+    return n;
+}
+
+const char *omv_daemon_member_state(const member_t *m)
+{
+    return m->state == MEMBER_ALIVE ? "alive" : m->state == MEMBER_DEAD ? "dead" : "left";
+}
+
+static uint32_t member_id(const omv_daemon_t *d, const member_t *m)
+{
+    return (uint32_t)(m - d->members) + 1;
 }
 
 /* ---- sending ---- */
@@ -134,7 +94,7 @@ static void send_to(omv_daemon_t *d, member_t *m, const omv_peer_t *peer, const 
     int r = omv_router_send(d->router, peer, msg, payload);
     if (r < 0 && m != NULL)
         omv_log_debug("cannot send %s to worker %u: %s", omv_msg_name(msg->type),
-                      (unsigned)(m - d->members) + 1, omv_strerror(r));
+                      member_id(d, m), omv_strerror(r));
 }
 
 static void refuse(omv_daemon_t *d, const omv_peer_t *peer, omv_refuse_t code, const char *who,
@@ -159,11 +119,19 @@ static void send_stop(omv_daemon_t *d, member_t *m, const char *reason)
 
 static void send_params(omv_daemon_t *d, member_t *m, uint64_t step)
 {
+    uint32_t group = (uint32_t)omv_groups_of(d->groups, m->slot);
+    /* The staleness this read has: how far the slowest other live group is behind it. */
+    for (uint32_t g = 0; g < omv_groups_count(d->groups); g++) {
+        uint64_t c = omv_groups_clock(d->groups, g);
+        if (g != group && omv_groups_live(d->groups, g) > 0 && c < step &&
+            step - c > d->staleness_max_observed)
+            d->staleness_max_observed = step - c;
+    }
     omv_msg_t p = {.type = OMV_MSG_PARAMS};
     for (uint32_t s = 0; s < d->n_shards; s++) {
         const omv_shard_t *sh = &d->shards[s];
-        p.u.params = (omv_params_t){step, s, sh->offset, sh->count,
-                                    (uint32_t)omv_groups_of(d->groups, m->slot)};
+        p.u.params = (omv_params_t){step,  s,     sh->offset, sh->count, group, m->slice_begin,
+                                    m->slice_count};
         send_to(d, m, &m->peer, &p, sh->params);
     }
 }
@@ -194,6 +162,79 @@ static void on_retire(void *ctx, uint32_t group)
     omv_log_warn("group %u has no live workers left", group);
 }
 
+/* ---- membership ---- */
+
+/* Divides the training set among the live trainers in order of id. While the job waits for its
+ * workers the plan is for all of them, so that nobody's slice changes when the last one comes. */
+static void assign_slices(omv_daemon_t *d)
+{
+    uint32_t live = (uint32_t)omv_daemon_live_trainers(d);
+    uint32_t parts = d->state == JOB_WAITING && live < (uint32_t)d->job.workers
+                         ? (uint32_t)d->job.workers
+                         : live;
+    if (parts == 0)
+        return;
+    uint32_t i = 0;
+    for (uint32_t k = 0; k < d->n_members; k++) {
+        member_t *m = &d->members[k];
+        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
+            continue;
+        uint32_t begin = (uint32_t)((uint64_t)d->train_count * i / parts);
+        uint32_t end = (uint32_t)((uint64_t)d->train_count * (i + 1) / parts);
+        m->slice_begin = begin;
+        m->slice_count = end - begin;
+        i++;
+    }
+}
+
+/* The group a newcomer joins: the one with the fewest live members, the lowest on ties. */
+static uint32_t pick_group(const omv_daemon_t *d)
+{
+    uint32_t best = 0;
+    for (uint32_t g = 1; g < omv_groups_count(d->groups); g++)
+        if (omv_groups_live(d->groups, g) < omv_groups_live(d->groups, best))
+            best = g;
+    return best;
+}
+
+static int free_slot(const omv_daemon_t *d)
+{
+    for (uint32_t s = 0; s < d->n_slots; s++)
+        if (omv_groups_of(d->groups, s) < 0)
+            return (int)s;
+    return -1;
+}
+
+/* A record for a newcomer: a never-used one, else the oldest record of a member that is gone. */
+static int free_record(const omv_daemon_t *d)
+{
+    for (uint32_t i = 0; i < d->n_members_max; i++)
+        if (!d->members[i].used)
+            return (int)i;
+    int best = -1;
+    for (uint32_t i = 0; i < d->n_members_max; i++)
+        if (d->members[i].state != MEMBER_ALIVE &&
+            (best < 0 || d->members[i].last_seen_ms < d->members[best].last_seen_ms))
+            best = (int)i;
+    return best;
+}
+
+/* Takes a member out: its group stops waiting for it and its data goes to the others. */
+static void remove_member(omv_daemon_t *d, member_t *m, member_state_t why)
+{
+    uint32_t id = member_id(d, m);
+    m->state = why;
+    m->parked = 0;
+    if (m->role == OMV_ROLE_TRAINER) {
+        omv_groups_leave(d->groups, m->slot);
+        assign_slices(d);
+    } else if (d->evaluator == id) {
+        d->evaluator = 0;
+        d->eval_busy = 0;
+        d->eval_final_sent = 0;
+    }
+}
+
 /* ---- evaluation ---- */
 
 static void request_eval(omv_daemon_t *d)
@@ -211,8 +252,9 @@ static void request_eval(omv_daemon_t *d)
     send_to(d, ev, &ev->peer, &m, d->params);
     d->eval_busy = 1;
     d->eval_wanted = 0;
-    d->eval_epoch = epoch_now(d);
-    d->eval_wall_s = since_start(d);
+    d->eval_sent_ms = omv_time_ms();
+    d->eval_epoch = omv_daemon_epoch(d);
+    d->eval_wall_s = omv_daemon_train_seconds(d);
     if (d->state == JOB_FINISHING)
         d->eval_final_sent = 1;
 }
@@ -234,6 +276,20 @@ static void history_add(omv_daemon_t *d, double accuracy, double loss)
 
 /* ---- job lifecycle ---- */
 
+static void start_job(omv_daemon_t *d, const char *why)
+{
+    d->state = JOB_RUNNING;
+    d->start_s = d->last_line_s = now_s();
+    d->ckpt_last_s = d->start_s;
+    d->ckpt_last_step = omv_groups_min_clock(d->groups);
+    assign_slices(d);
+    omv_log_info("job '%s' running%s: %d workers in %lld groups, staleness %s, until %llu "
+                 "images (%.2f epochs) are done",
+                 d->job.name, why, omv_daemon_live_trainers(d), (long long)d->job.groups,
+                 d->job.staleness < 0 ? "none" : "bounded",
+                 (unsigned long long)d->target_images, (double)d->job.epochs);
+}
+
 static void finish(omv_daemon_t *d, job_state_t state, const char *why)
 {
     d->state = state;
@@ -241,44 +297,38 @@ static void finish(omv_daemon_t *d, job_state_t state, const char *why)
     if (d->train_end_s == 0)
         d->train_end_s = d->end_s;
     for (uint32_t i = 0; i < d->n_members; i++)
-        if (d->members[i].alive)
+        if (d->members[i].state == MEMBER_ALIVE)
             send_stop(d, &d->members[i], why);
     if (state == JOB_DONE) {
         double acc = d->n_history ? d->history[d->n_history - 1].accuracy : NAN;
-        double train_s = d->train_end_s - d->start_s;
+        double train_s = omv_daemon_train_seconds(d);
         omv_log_info("job '%s' done: test_accuracy %.4f, %.2f epochs, %.1f s, %.0f images/s",
-                     d->job.name, acc, epoch_now(d), d->end_s - d->start_s,
+                     d->job.name, acc, omv_daemon_epoch(d), omv_daemon_wall_seconds(d),
                      train_s > 0 ? (double)d->images_total / train_s : 0.0);
+        if (d->ckpt_enabled)
+            omv_daemon_checkpoint(d, 1);
     } else {
         omv_strlcpy(d->fail_reason, why, sizeof(d->fail_reason));
         omv_log_error("job '%s' failed: %s", d->job.name, why);
     }
 }
 
-static int live_trainers(const omv_daemon_t *d)
-{
-    int n = 0;
-    for (uint32_t i = 0; i < d->n_members; i++)
-        n += d->members[i].alive && d->members[i].role == OMV_ROLE_TRAINER;
-    return n;
-}
-
-/* Moves the job along after anything changed: parked pulls, evaluations, the end. */
+/* Moves the job along after anything changed: parked pulls, evaluations, checkpoints, the end. */
 static void progress(omv_daemon_t *d)
 {
     if (d->state == JOB_RUNNING) {
-        if (live_trainers(d) == 0) {
+        if (omv_daemon_live_trainers(d) == 0) {
             finish(d, JOB_FAILED, "every trainer is gone");
             return;
         }
-        if (omv_groups_min_clock(d->groups) >= d->total_steps) {
+        if (d->images_total >= d->target_images && omv_groups_settled(d->groups)) {
             d->state = JOB_FINISHING;
             d->train_end_s = now_s();
             omv_log_info("training finished after %.1f s; final evaluation",
-                         d->train_end_s - d->start_s);
+                         omv_daemon_train_seconds(d));
             request_eval(d);
-        } else if (d->job.eval_every_epochs > 0 && epoch_now(d) >= d->next_eval_epoch) {
-            while (d->next_eval_epoch <= epoch_now(d))
+        } else if (d->job.eval_every_epochs > 0 && omv_daemon_epoch(d) >= d->next_eval_epoch) {
+            while (d->next_eval_epoch <= omv_daemon_epoch(d))
                 d->next_eval_epoch += d->job.eval_every_epochs;
             request_eval(d);
         }
@@ -288,11 +338,12 @@ static void progress(omv_daemon_t *d)
         finish(d, JOB_DONE, "job done");
         return;
     }
+    omv_daemon_checkpoint_if_due(d);
     if (d->state != JOB_RUNNING)
         return;
     for (uint32_t i = 0; i < d->n_members; i++) {
         member_t *m = &d->members[i];
-        if (!m->alive || !m->parked || m->parked_step >= d->total_steps)
+        if (m->state != MEMBER_ALIVE || !m->parked)
             continue;
         int g = omv_groups_of(d->groups, m->slot);
         if (g >= 0 && omv_groups_may_begin(d->groups, (uint32_t)g, m->parked_step)) {
@@ -303,6 +354,23 @@ static void progress(omv_daemon_t *d)
 }
 
 /* ---- message handlers ---- */
+
+static void fill_jobspec(const omv_daemon_t *d, omv_jobspec_t *j)
+{
+    omv_strlcpy(j->name, d->job.name, sizeof(j->name));
+    j->n_layers = d->job.n_layers;
+    memcpy(j->layers, d->job.layers, sizeof(j->layers));
+    omv_strlcpy(j->train_images, d->job.train_images, sizeof(j->train_images));
+    omv_strlcpy(j->train_labels, d->job.train_labels, sizeof(j->train_labels));
+    omv_strlcpy(j->test_images, d->job.test_images, sizeof(j->test_images));
+    omv_strlcpy(j->test_labels, d->job.test_labels, sizeof(j->test_labels));
+    j->batch_size = d->worker_batch;
+    j->seed = (uint64_t)d->job.seed;
+    j->param_count = (uint32_t)d->layout.param_count;
+    j->n_shards = d->n_shards;
+    memcpy(j->shard_offsets, d->shard_offsets, (d->n_shards + 1) * sizeof(uint32_t));
+    j->eval_batch_size = (uint32_t)d->job.eval_batch_size;
+}
 
 static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h)
 {
@@ -316,86 +384,78 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         refuse(d, peer, OMV_REFUSE_VERSION, who, why);
         return;
     }
-    uint32_t index;
+    if (d->state == JOB_DONE || d->state == JOB_FAILED || d->state == JOB_FINISHING) {
+        /* Nothing to do for it: tell it so rather than leave it waiting. */
+        omv_msg_t s = {.type = OMV_MSG_STOP};
+        snprintf(s.u.stop.reason, sizeof(s.u.stop.reason), "job '%s' is %s", d->job.name,
+                 omv_daemon_state_names[d->state]);
+        send_to(d, NULL, peer, &s, NULL);
+        return;
+    }
+    int slot = -1;
     if (h->role == OMV_ROLE_TRAINER) {
-        if (d->state != JOB_WAITING || d->n_trainers == (uint32_t)d->job.workers) {
+        slot = free_slot(d);
+        if (slot < 0) {
             char why[OMV_WIRE_REASON_MAX];
-            snprintf(why, sizeof(why), "job '%s' already has its %lld workers", d->job.name,
-                     (long long)d->job.workers);
+            snprintf(why, sizeof(why), "job '%s' has no room for another worker (%u slots)",
+                     d->job.name, d->n_slots);
             refuse(d, peer, OMV_REFUSE_FULL, who, why);
             return;
         }
-        index = d->n_trainers;
-    } else {
-        if (d->evaluator != 0) {
-            refuse(d, peer, OMV_REFUSE_ROLE, who, "an evaluator is already connected");
-            return;
-        }
-        /* Evaluator slots follow the trainer slots. */
-        index = (uint32_t)d->job.workers;
-        while (index < d->n_members_max && d->members[index].used)
-            index++;
-        if (index == d->n_members_max) {
-            refuse(d, peer, OMV_REFUSE_FULL, who, "no evaluator slot is left");
-            return;
-        }
+    } else if (d->evaluator != 0) {
+        refuse(d, peer, OMV_REFUSE_ROLE, who, "an evaluator is already connected");
+        return;
+    }
+    int index = free_record(d);
+    if (index < 0) {
+        refuse(d, peer, OMV_REFUSE_FULL, who, "no member record is free");
+        return;
     }
     member_t *m = &d->members[index];
     memset(m, 0, sizeof(*m));
-    m->used = m->alive = 1;
+    m->used = 1;
+    m->state = MEMBER_ALIVE;
     m->peer = *peer;
     m->role = h->role;
     m->pid = h->pid;
+    m->previous_id = h->previous_worker_id;
     omv_strlcpy(m->host, h->hostname, sizeof(m->host));
-    m->last_seen_ms = omv_time_ms();
-    if (index + 1 > d->n_members)
-        d->n_members = index + 1;
+    m->joined_ms = m->last_seen_ms = omv_time_ms();
+    if ((uint32_t)index + 1 > d->n_members)
+        d->n_members = (uint32_t)index + 1;
+    if (d->first_hello_s == 0)
+        d->first_hello_s = now_s();
 
     omv_msg_t w = {.type = OMV_MSG_WELCOME};
     omv_welcome_t *wl = &w.u.welcome;
-    omv_jobspec_t *j = &wl->job;
     wl->protocol_version = OMV_PROTOCOL_VERSION;
-    wl->worker_id = index + 1;
-    omv_strlcpy(j->name, d->job.name, sizeof(j->name));
-    j->n_layers = d->job.n_layers;
-    memcpy(j->layers, d->job.layers, sizeof(j->layers));
-    omv_strlcpy(j->train_images, d->job.train_images, sizeof(j->train_images));
-    omv_strlcpy(j->train_labels, d->job.train_labels, sizeof(j->train_labels));
-    omv_strlcpy(j->test_images, d->job.test_images, sizeof(j->test_images));
-    omv_strlcpy(j->test_labels, d->job.test_labels, sizeof(j->test_labels));
-    j->batch_size = d->worker_batch;
-    j->seed = (uint64_t)d->job.seed;
-    j->steps_per_epoch = d->steps_per_epoch;
-    j->total_steps = d->total_steps;
-    j->param_count = (uint32_t)d->layout.param_count;
-    j->n_shards = d->n_shards;
-    memcpy(j->shard_offsets, d->shard_offsets, (d->n_shards + 1) * sizeof(uint32_t));
-    j->eval_batch_size = (uint32_t)d->job.eval_batch_size;
+    wl->worker_id = (uint32_t)index + 1;
+    fill_jobspec(d, &wl->job);
     if (h->role == OMV_ROLE_TRAINER) {
-        m->slot = index;
-        uint32_t group = index % (uint32_t)d->job.groups;
-        omv_groups_join(d->groups, index, group);
+        uint32_t group = pick_group(d);
+        m->slot = (uint32_t)slot;
+        int next = omv_groups_join(d->groups, m->slot, group);
+        assign_slices(d);
         wl->group = group;
-        j->slice_begin = index * d->slice_count;
-        j->slice_count = d->slice_count;
-        d->n_trainers++;
-        omv_log_info("worker %u (%s) registered: group %u, images [%u, %u) (%u of %lld)",
-                     index + 1, who, group, j->slice_begin, j->slice_begin + j->slice_count,
-                     d->n_trainers, (long long)d->job.workers);
+        wl->start_step = omv_groups_clock(d->groups, group) + (next > 0 ? 1 : 0);
+        wl->job.slice_begin = m->slice_begin;
+        wl->job.slice_count = m->slice_count;
+        wl->job.steps_per_epoch = d->worker_batch ? m->slice_count / d->worker_batch : 0;
+        d->joins_total++;
+        if (h->previous_worker_id)
+            d->rejoins_total++;
+        omv_log_info("worker %d (%s) %s: group %u from step %llu, images [%u, %u); %d alive",
+                     index + 1, who, h->previous_worker_id ? "rejoined" : "registered", group,
+                     (unsigned long long)wl->start_step, m->slice_begin,
+                     m->slice_begin + m->slice_count, omv_daemon_live_trainers(d));
     } else {
-        d->evaluator = index + 1;
-        omv_log_info("evaluator %u (%s) registered", index + 1, who);
+        d->evaluator = (uint32_t)index + 1;
+        omv_log_info("evaluator %d (%s) registered", index + 1, who);
     }
     send_to(d, m, peer, &w, NULL);
-    if (d->state == JOB_WAITING && d->n_trainers == (uint32_t)d->job.workers) {
-        d->state = JOB_RUNNING;
-        d->start_s = d->last_line_s = now_s();
-        omv_log_info("job '%s' running: %lld workers in %lld groups, staleness %s, %u steps",
-                     d->job.name, (long long)d->job.workers, (long long)d->job.groups,
-                     d->job.staleness < 0 ? "none" : "bounded", d->total_steps);
-    }
-    if (h->role == OMV_ROLE_EVALUATOR && d->state == JOB_FINISHING && !d->eval_busy)
-        request_eval(d);
+    if (d->state == JOB_WAITING &&
+        omv_daemon_live_trainers(d) >= (int)d->job.workers)
+        start_job(d, "");
 }
 
 static void on_pull(omv_daemon_t *d, member_t *m, const omv_pull_t *p)
@@ -404,13 +464,9 @@ static void on_pull(omv_daemon_t *d, member_t *m, const omv_pull_t *p)
         refuse(d, &m->peer, OMV_REFUSE_ROLE, m->host, "an evaluator does not pull");
         return;
     }
-    if (d->state == JOB_DONE || d->state == JOB_FAILED) {
-        send_stop(d, m, d->state == JOB_DONE ? "job done" : d->fail_reason);
-        return;
-    }
     int g = omv_groups_of(d->groups, m->slot);
     uint64_t clock = g >= 0 ? omv_groups_clock(d->groups, (uint32_t)g) : 0;
-    if (m->parked || p->step < clock || p->step > d->total_steps) {
+    if (m->parked || p->step < clock || p->step > clock + 1) {
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "pull for step %llu but group %d is at step %llu%s",
                  (unsigned long long)p->step, g, (unsigned long long)clock,
@@ -418,6 +474,7 @@ static void on_pull(omv_daemon_t *d, member_t *m, const omv_pull_t *p)
         refuse(d, &m->peer, OMV_REFUSE_STEP, m->host, why);
         return;
     }
+    /* Answered by progress() once the group and the bound allow; at the end, Stop answers. */
     m->parked = 1;
     m->parked_step = p->step;
 }
@@ -426,13 +483,19 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p, const voi
 {
     char why[OMV_WIRE_REASON_MAX];
     char who[96];
-    snprintf(who, sizeof(who), "worker %u \"%s\"", (unsigned)(m - d->members) + 1, m->host);
+    snprintf(who, sizeof(who), "worker %u \"%s\"", member_id(d, m), m->host);
     if (m->role != OMV_ROLE_TRAINER) {
         refuse(d, &m->peer, OMV_REFUSE_ROLE, who, "an evaluator does not push");
         return;
     }
+    if (d->state == JOB_FINISHING || d->state == JOB_DONE) {
+        /* Steps that were under way when the job reached its end: not an error, not applied. */
+        d->late_total++;
+        return;
+    }
     if (d->state != JOB_RUNNING) {
-        snprintf(why, sizeof(why), "gradient while the job is %s", state_names[d->state]);
+        snprintf(why, sizeof(why), "gradient while the job is %s",
+                 omv_daemon_state_names[d->state]);
         refuse(d, &m->peer, OMV_REFUSE_STEP, who, why);
         return;
     }
@@ -453,18 +516,21 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p, const voi
         memcpy(d->scratch, payload, (size_t)sh->count * sizeof(float));
         grad = d->scratch;
     }
+    uint32_t group = (uint32_t)omv_groups_of(d->groups, m->slot);
     int finite = omv_all_finite(grad, sh->count) && isfinite(p->loss);
     if (!finite) {
         snprintf(why, sizeof(why), "gradient of step %llu shard %u has NaN or Inf values; "
                  "dropped, the model is unchanged", (unsigned long long)p->step, p->shard);
         refuse(d, &m->peer, OMV_REFUSE_NOT_FINITE, who, why);
     } else {
-        omv_shard_accumulate(sh, (uint32_t)omv_groups_of(d->groups, m->slot), grad);
+        omv_shard_accumulate(sh, group, grad);
     }
     if (p->shard == 0) {
         m->steps++;
+        m->last_compute_ms = p->compute_ms;
         if (finite) {
-            d->group_images[omv_groups_of(d->groups, m->slot)] += p->samples;
+            m->images += p->samples;
+            d->group_images[group] += p->samples;
             d->loss_sum += p->loss;
             d->loss_n++;
             d->last_loss = p->loss;
@@ -494,12 +560,20 @@ static void on_eval_result(omv_daemon_t *d, member_t *m, const omv_eval_result_t
     }
 }
 
+static void on_leave(omv_daemon_t *d, member_t *m, const omv_leave_t *l)
+{
+    omv_log_info("worker %u (\"%s\" pid %u) left: \"%s\"", member_id(d, m), m->host, m->pid,
+                 l->reason);
+    d->leaves_total++;
+    remove_member(d, m, MEMBER_LEFT);
+}
+
 static member_t *find_member(omv_daemon_t *d, const omv_peer_t *peer, uint32_t id)
 {
     if (id == 0 || id > d->n_members)
         return NULL;
     member_t *m = &d->members[id - 1];
-    if (!m->used || !m->alive || m->peer.len != peer->len ||
+    if (!m->used || m->state != MEMBER_ALIVE || m->peer.len != peer->len ||
         memcmp(m->peer.id, peer->id, peer->len) != 0)
         return NULL;
     return m;
@@ -524,6 +598,9 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     case OMV_MSG_EVAL_RESULT:
         id = msg->u.eval_result.worker_id;
         break;
+    case OMV_MSG_LEAVE:
+        id = msg->u.leave.worker_id;
+        break;
     default: {
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "a worker may not send %s", omv_msg_name(msg->type));
@@ -533,9 +610,11 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     }
     member_t *m = find_member(d, peer, id);
     if (m == NULL) {
+        if (msg->type == OMV_MSG_LEAVE)
+            return; /* gone already */
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "%s from worker id %u, which is not registered from this peer"
-                 " (or was declared dead)", omv_msg_name(msg->type), id);
+                 " (or was declared dead): register again", omv_msg_name(msg->type), id);
         refuse(d, peer, OMV_REFUSE_UNKNOWN_WORKER, "a peer", why);
         return;
     }
@@ -552,6 +631,16 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     case OMV_MSG_EVAL_RESULT:
         on_eval_result(d, m, &msg->u.eval_result);
         break;
+    case OMV_MSG_LEAVE:
+        on_leave(d, m, &msg->u.leave);
+        break;
+    case OMV_MSG_HEARTBEAT: {
+        /* Answered, so that a waiting worker knows the daemon is alive. */
+        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+        hb.u.heartbeat.worker_id = id;
+        send_to(d, m, &m->peer, &hb, NULL);
+        break;
+    }
     default:
         break;
     }
@@ -559,42 +648,55 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
 
 /* ---- periodic work ---- */
 
-static void declare_dead(omv_daemon_t *d, member_t *m, double silent_s)
-{
-    uint32_t id = (uint32_t)(m - d->members) + 1;
-    m->alive = 0;
-    m->parked = 0;
-    omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", id, m->host, m->pid,
-                 silent_s);
-    if (m->role == OMV_ROLE_TRAINER) {
-        omv_groups_leave(d->groups, m->slot);
-    } else if (d->evaluator == id) {
-        d->evaluator = 0;
-        d->eval_busy = 0;
-        d->eval_final_sent = 0;
-    }
-}
-
 static void cron(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
     int64_t timeout = (int64_t)(d->job.worker_timeout_s * 1000);
-    for (uint32_t i = 0; i < d->n_members; i++) {
-        member_t *m = &d->members[i];
-        if (m->alive && now - m->last_seen_ms > timeout && d->state != JOB_DONE &&
-            d->state != JOB_FAILED)
-            declare_dead(d, m, (double)(now - m->last_seen_ms) / 1000.0);
+    if (d->state != JOB_DONE && d->state != JOB_FAILED) {
+        for (uint32_t i = 0; i < d->n_members; i++) {
+            member_t *m = &d->members[i];
+            if (m->state != MEMBER_ALIVE || now - m->last_seen_ms <= timeout)
+                continue;
+            omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1,
+                         m->host, m->pid, (double)(now - m->last_seen_ms) / 1000.0);
+            d->deaths_total++;
+            remove_member(d, m, MEMBER_DEAD);
+        }
     }
     double t = now_s();
+    if (d->state == JOB_WAITING && d->first_hello_s > 0 && omv_daemon_live_trainers(d) > 0 &&
+        t - d->first_hello_s >= d->job.start_timeout_s) {
+        char why[128];
+        snprintf(why, sizeof(why), " with %d of %lld workers after %.0f s",
+                 omv_daemon_live_trainers(d), (long long)d->job.workers, d->job.start_timeout_s);
+        start_job(d, why);
+    }
+    /* An evaluator that takes far longer than anyone should is not waited for forever. */
+    if (d->eval_busy && now - d->eval_sent_ms > 10 * timeout + 60000) {
+        omv_log_warn("evaluator %u did not answer within %.0f s; evaluating without it",
+                     d->evaluator, (double)(now - d->eval_sent_ms) / 1000.0);
+        member_t *ev = &d->members[d->evaluator - 1];
+        d->deaths_total++;
+        remove_member(d, ev, MEMBER_DEAD);
+    }
+    if (d->state == JOB_RUNNING && d->ckpt_enabled) {
+        uint64_t step = omv_groups_min_clock(d->groups);
+        if ((d->job.checkpoint_every_s > 0 && t - d->ckpt_last_s >= d->job.checkpoint_every_s) ||
+            (d->job.checkpoint_every_steps > 0 && step != UINT64_MAX &&
+             step >= d->ckpt_last_step + (uint64_t)d->job.checkpoint_every_steps))
+            d->ckpt_due = 1;
+    }
     if (d->state == JOB_RUNNING && t - d->last_line_s >= d->job.progress_interval_s) {
         double rate = (double)(d->images_total - d->last_line_images) / (t - d->last_line_s);
         double loss = d->loss_n ? d->loss_sum / (double)d->loss_n : NAN;
         char acc[32] = "-";
         if (d->n_history)
             snprintf(acc, sizeof(acc), "%.4f", d->history[d->n_history - 1].accuracy);
-        omv_log_info("epoch %.2f/%lld step %llu loss %.4f images/s %.0f test_accuracy %s",
-                     epoch_now(d), (long long)d->job.epochs,
-                     (unsigned long long)omv_groups_min_clock(d->groups), loss, rate, acc);
+        omv_log_info("epoch %.2f/%lld step %llu loss %.4f images/s %.0f test_accuracy %s "
+                     "workers %d",
+                     omv_daemon_epoch(d), (long long)d->job.epochs,
+                     (unsigned long long)omv_groups_min_clock(d->groups), loss, rate, acc,
+                     omv_daemon_live_trainers(d));
         d->last_line_s = t;
         d->last_line_images = d->images_total;
         d->loss_sum = 0;
@@ -602,194 +704,24 @@ static void cron(omv_daemon_t *d)
     }
 }
 
-/* ---- control socket ---- */
-
-static void history_json(const omv_daemon_t *d, omv_strbuf_t *out)
-{
-    omv_strbuf_append(out, "[", 1);
-    for (size_t i = 0; i < d->n_history; i++) {
-        const eval_point_t *h = &d->history[i];
-        omv_strbuf_printf(out,
-                          "%s{\"epoch\":%.4f,\"wall_seconds\":%.3f,\"test_accuracy\":%.4f,"
-                          "\"test_loss\":%.4f}",
-                          i ? "," : "", h->epoch, h->wall_s, h->accuracy, h->loss);
-    }
-    omv_strbuf_append(out, "]", 1);
-}
-
-static double wall_seconds(const omv_daemon_t *d)
-{
-    if (d->start_s == 0)
-        return 0;
-    return (d->end_s > 0 ? d->end_s : now_s()) - d->start_s;
-}
-
-static double images_per_second(const omv_daemon_t *d)
-{
-    double end = d->train_end_s > 0 ? d->train_end_s : now_s();
-    double s = d->start_s > 0 ? end - d->start_s : 0;
-    return s > 0 ? (double)d->images_total / s : 0.0;
-}
-
-static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
-{
-    omv_kv_t kv;
-    omv_kv_begin(&kv, out, json);
-    omv_kv_section(&kv, "daemon");
-    omv_kv_str(&kv, "version", OMV_VERSION);
-    omv_kv_int(&kv, "protocol_version", OMV_PROTOCOL_VERSION);
-    omv_kv_int(&kv, "pid", getpid());
-    omv_kv_double(&kv, "uptime_seconds", now_s() - d->created_s, 1);
-    omv_kv_str(&kv, "endpoint", d->cfg.endpoint);
-    omv_kv_section(&kv, "job");
-    omv_kv_str(&kv, "name", d->job.name);
-    omv_kv_str(&kv, "file", d->job_path);
-    omv_kv_str(&kv, "state", state_names[d->state]);
-    if (d->state == JOB_FAILED)
-        omv_kv_str(&kv, "reason", d->fail_reason);
-    omv_kv_double(&kv, "epoch", epoch_now(d), 3);
-    omv_kv_int(&kv, "epochs", d->job.epochs);
-    uint64_t step = omv_groups_min_clock(d->groups);
-    omv_kv_int(&kv, "step", step == UINT64_MAX ? 0 : (int64_t)step);
-    omv_kv_int(&kv, "total_steps", d->total_steps);
-    omv_kv_int(&kv, "images_total", (int64_t)d->images_total);
-    omv_kv_double(&kv, "images_per_second", images_per_second(d), 1);
-    omv_kv_double(&kv, "loss", d->last_loss, 4);
-    omv_kv_double(&kv, "test_accuracy", d->n_history ? d->history[d->n_history - 1].accuracy : NAN, 4);
-    omv_kv_double(&kv, "wall_seconds", wall_seconds(d), 2);
-    omv_kv_section(&kv, "cluster");
-    omv_kv_int(&kv, "workers_expected", d->job.workers);
-    omv_kv_int(&kv, "workers_registered", d->n_trainers);
-    omv_kv_int(&kv, "workers_alive", live_trainers(d));
-    omv_kv_int(&kv, "evaluator_alive", d->evaluator != 0);
-    omv_kv_int(&kv, "groups", d->job.groups);
-    omv_kv_int(&kv, "staleness", d->job.staleness);
-    omv_kv_int(&kv, "shards", d->n_shards);
-    omv_strbuf_t clocks;
-    omv_strbuf_init(&clocks);
-    omv_strbuf_append(&clocks, json ? "[" : "", json ? 1 : 0);
-    for (uint32_t g = 0; g < omv_groups_count(d->groups); g++)
-        omv_strbuf_printf(&clocks, "%s%llu", g ? (json ? "," : " ") : "",
-                          (unsigned long long)omv_groups_clock(d->groups, g));
-    omv_strbuf_append(&clocks, json ? "]" : "", json ? 1 : 0);
-    omv_kv_raw(&kv, "group_clocks", omv_strbuf_str(&clocks));
-    omv_strbuf_fini(&clocks);
-    omv_kv_section(&kv, "refusals");
-    char key[64];
-    uint64_t total = 0;
-    for (int i = 1; i < OMV_REFUSE_COUNT_; i++) {
-        snprintf(key, sizeof(key), "refused_%s_total", omv_refuse_name((omv_refuse_t)i));
-        omv_kv_int(&kv, key, (int64_t)d->refused[i]);
-        total += d->refused[i];
-    }
-    omv_kv_int(&kv, "refused_total", (int64_t)total);
-    omv_kv_end(&kv);
-}
-
-static void reply_workers(omv_daemon_t *d, omv_strbuf_t *out, int json)
-{
-    omv_kv_t kv;
-    omv_kv_begin(&kv, out, json);
-    int64_t now = omv_time_ms();
-    for (uint32_t i = 0; i < d->n_members; i++) {
-        const member_t *m = &d->members[i];
-        if (!m->used)
-            continue;
-        char name[32];
-        snprintf(name, sizeof(name), "worker %u", i + 1);
-        omv_kv_section(&kv, name);
-        omv_kv_str(&kv, "role", m->role == OMV_ROLE_TRAINER ? "trainer" : "evaluator");
-        omv_kv_str(&kv, "host", m->host);
-        omv_kv_int(&kv, "pid", m->pid);
-        omv_kv_str(&kv, "state", m->alive ? "alive" : "dead");
-        omv_kv_int(&kv, "group", m->role == OMV_ROLE_TRAINER ? (int64_t)(m->slot % d->job.groups) : -1);
-        omv_kv_int(&kv, "steps", (int64_t)m->steps);
-        omv_kv_int(&kv, "last_seen_ms", now - m->last_seen_ms);
-    }
-    omv_kv_end(&kv);
-}
-
-static void reply_summary(omv_daemon_t *d, omv_strbuf_t *out, int json)
-{
-    double acc = d->n_history ? d->history[d->n_history - 1].accuracy : NAN;
-    double loss = d->n_history ? d->history[d->n_history - 1].loss : NAN;
-    if (json) {
-        omv_strbuf_append(out, "{\"job\":", 7);
-        omv_strbuf_json_string(out, d->job.name);
-        omv_strbuf_printf(out, ",\"state\":\"%s\"", state_names[d->state]);
-        if (isfinite(acc))
-            omv_strbuf_printf(out, ",\"test_accuracy\":%.4f,\"test_loss\":%.4f", acc, loss);
-        else
-            omv_strbuf_printf(out, ",\"test_accuracy\":null,\"test_loss\":null");
-        omv_strbuf_printf(out,
-                          ",\"epochs\":%.3f,\"wall_seconds\":%.3f,\"images_per_second\":%.1f,"
-                          "\"images_total\":%llu,\"workers\":%lld,\"groups\":%lld,"
-                          "\"staleness\":%lld,\"batch_size\":%lld,\"learning_rate\":%g,"
-                          "\"momentum\":%g,\"history\":",
-                          epoch_now(d), wall_seconds(d), images_per_second(d),
-                          (unsigned long long)d->images_total, (long long)d->job.workers,
-                          (long long)d->job.groups, (long long)d->job.staleness,
-                          (long long)d->job.batch_size, d->job.learning_rate, d->job.momentum);
-        history_json(d, out);
-        omv_strbuf_append(out, "}\n", 2);
-        return;
-    }
-    omv_kv_t kv;
-    omv_kv_begin(&kv, out, 0);
-    omv_kv_section(&kv, "summary");
-    omv_kv_str(&kv, "job", d->job.name);
-    omv_kv_str(&kv, "state", state_names[d->state]);
-    omv_kv_double(&kv, "test_accuracy", acc, 4);
-    omv_kv_double(&kv, "test_loss", loss, 4);
-    omv_kv_double(&kv, "epochs", epoch_now(d), 2);
-    omv_kv_double(&kv, "wall_seconds", wall_seconds(d), 1);
-    omv_kv_double(&kv, "images_per_second", images_per_second(d), 0);
-    omv_kv_int(&kv, "workers", d->job.workers);
-    omv_kv_int(&kv, "groups", d->job.groups);
-    omv_kv_section(&kv, "history");
-    for (size_t i = 0; i < d->n_history; i++) {
-        char key[32], val[128];
-        snprintf(key, sizeof(key), "eval_%zu", i + 1);
-        snprintf(val, sizeof(val), "epoch=%.2f wall_seconds=%.1f test_accuracy=%.4f",
-                 d->history[i].epoch, d->history[i].wall_s, d->history[i].accuracy);
-        omv_kv_str(&kv, key, val);
-    }
-    omv_kv_end(&kv);
-}
-
-static int on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
-{
-    omv_daemon_t *d = ctx;
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) {
-            json = 1;
-        } else {
-            omv_strbuf_printf(reply, "'%s' takes no argument '%s'", argv[0], argv[i]);
-            return -EINVAL;
-        }
-    }
-    if (strcmp(argv[0], "status") == 0) {
-        reply_status(d, reply, json);
-    } else if (strcmp(argv[0], "workers") == 0) {
-        reply_workers(d, reply, json);
-    } else if (strcmp(argv[0], "summary") == 0) {
-        reply_summary(d, reply, json);
-    } else if (strcmp(argv[0], "shutdown") == 0) {
-        omv_log_info("shutdown requested over the control socket");
-        d->shutdown = 1;
-        omv_strbuf_printf(reply, "shutting down\n");
-    } else if (strcmp(argv[0], "help") == 0) {
-        omv_strbuf_printf(reply, "commands: status, workers, summary, shutdown, help "
-                                 "(--json for JSON)\n");
-    } else {
-        omv_strbuf_printf(reply, "unknown command '%s'; try 'help'", argv[0]);
-        return -EINVAL;
-    }
-    return 0;
-}
-
 /* ---- life ---- */
+
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    omv_strbuf_t b;
+    omv_strbuf_init(&b);
+    char chunk[4096];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        omv_strbuf_append(&b, chunk, n);
+    fclose(f);
+    char *s = strdup(omv_strbuf_str(&b));
+    omv_strbuf_fini(&b);
+    return s;
+}
 
 static int setup_job(omv_daemon_t *d)
 {
@@ -808,22 +740,15 @@ static int setup_job(omv_daemon_t *d)
     }
     if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
         count = (uint32_t)j->train_limit;
-    d->slice_count = count / (uint32_t)j->workers;
+    d->train_count = count;
     d->worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
-    d->steps_per_epoch = d->slice_count / d->worker_batch;
-    if (d->steps_per_epoch == 0) {
+    if (count / (uint32_t)j->workers < d->worker_batch) {
         omv_log_error("%s: %u images split over %lld workers leave fewer than a batch of %u "
                       "per worker", j->train_images, count, (long long)j->workers,
                       d->worker_batch);
         return -EINVAL;
     }
-    if ((uint64_t)d->steps_per_epoch * (uint64_t)j->epochs > UINT32_MAX / 2) {
-        omv_log_error("job is too long: %u steps per epoch for %lld epochs", d->steps_per_epoch,
-                      (long long)j->epochs);
-        return -EINVAL;
-    }
-    d->total_steps = d->steps_per_epoch * (uint32_t)j->epochs;
-    d->epoch_images = (uint64_t)d->steps_per_epoch * d->worker_batch * (uint64_t)j->workers;
+    d->target_images = (uint64_t)count * (uint64_t)j->epochs;
 
     r = omv_model_layout(&d->layout, j->layers, j->n_layers);
     if (r < 0) {
@@ -834,10 +759,12 @@ static int setup_job(omv_daemon_t *d)
     if (d->n_shards > d->layout.param_count)
         d->n_shards = (uint32_t)d->layout.param_count;
     omv_model_shard_offsets(d->layout.param_count, d->n_shards, d->shard_offsets);
+    /* Room for workers that join beyond the planned ones, and for replacements. */
+    d->n_slots = (uint32_t)j->workers * 2 + 16;
+    d->n_members_max = d->n_slots * 2 + OMV_DAEMON_MAX_EVALUATORS;
     d->params = malloc(d->layout.param_count * sizeof(float));
     d->shards = calloc(d->n_shards, sizeof(omv_shard_t));
     d->group_images = calloc((size_t)j->groups, sizeof(uint64_t));
-    d->n_members_max = (uint32_t)j->workers + MAX_EVALUATORS;
     d->members = calloc(d->n_members_max, sizeof(member_t));
     uint32_t largest = 0;
     for (uint32_t s = 0; s < d->n_shards; s++) {
@@ -856,15 +783,36 @@ static int setup_job(omv_daemon_t *d)
             return r;
     }
     omv_groups_events_t ev = {on_apply, on_advance, on_retire, d};
-    d->groups = omv_groups_new((uint32_t)j->workers, (uint32_t)j->groups, d->n_shards,
-                               j->staleness, &ev);
+    d->groups = omv_groups_new(d->n_slots, (uint32_t)j->groups, d->n_shards, j->staleness, &ev);
     if (d->groups == NULL)
         return -ENOMEM;
     d->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
     d->next_eval_epoch = j->eval_every_epochs;
-    omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u images per worker, "
-                 "%u steps per epoch", j->name, j->layers_text, d->layout.param_count,
-                 d->n_shards, d->slice_count, d->steps_per_epoch);
+    omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
+                 "%u per worker step",
+                 j->name, j->layers_text, d->layout.param_count, d->n_shards, d->train_count,
+                 d->worker_batch);
+
+    if (j->checkpoint_dir[0])
+        omv_strlcpy(d->ckpt_dir, j->checkpoint_dir, sizeof(d->ckpt_dir));
+    else if (d->cfg.state_dir[0])
+        snprintf(d->ckpt_dir, sizeof(d->ckpt_dir), "%s/checkpoints/%s", d->cfg.state_dir,
+                 j->name);
+    if (d->ckpt_dir[0]) {
+        r = omv_checkpoint_mkdirs(d->ckpt_dir);
+        if (r < 0) {
+            omv_log_warn("checkpoints are off: cannot create %s: %s (set [daemon] state_dir or "
+                         "[checkpoint] dir to a folder this user may write)",
+                         d->ckpt_dir, omv_strerror(r));
+        } else {
+            d->ckpt_enabled = 1;
+            r = omv_daemon_resume(d);
+            if (r < 0)
+                return r;
+        }
+    }
+    if (d->n_history)
+        d->next_eval_epoch = d->history[d->n_history - 1].epoch + j->eval_every_epochs;
     return 0;
 }
 
@@ -877,6 +825,7 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     d->cfg = *cfg;
     d->job = *job;
     omv_strlcpy(d->job_path, job_path, sizeof(d->job_path));
+    d->job_text = read_text(job_path);
     d->created_s = now_s();
     int r = setup_job(d);
     if (r < 0)
@@ -918,18 +867,61 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     free(d->members);
     free(d->group_images);
     free(d->history);
+    free(d->job_text);
     free(d);
     *self_p = NULL;
+}
+
+/* Receives and handles what is queued (bounded, so the control socket is never starved). */
+static void drain(omv_daemon_t *d)
+{
+    for (int n = 0; n < 1024; n++) {
+        omv_peer_t peer;
+        omv_msg_t msg;
+        char why[OMV_WIRE_REASON_MAX];
+        int rr = omv_router_recv(d->router, &peer, &msg, why);
+        if (rr == -EAGAIN || rr == -EINTR)
+            break;
+        if (rr == -EPROTO) {
+            refuse(d, &peer, OMV_REFUSE_MALFORMED, "a peer", why);
+            continue;
+        }
+        if (rr < 0) {
+            omv_log_error("receive failed: %s", omv_strerror(rr));
+            break;
+        }
+        on_message(d, &peer, &msg);
+    }
 }
 
 int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
 {
     int fds[1] = {omv_control_fd(d->control)};
     d->last_cron_ms = omv_time_ms();
-    while (!*stop && !d->shutdown) {
+    int64_t stopping_ms = 0;
+    for (;;) {
+        if ((*stop || d->shutdown) && stopping_ms == 0) {
+            stopping_ms = omv_time_ms();
+            if (d->state == JOB_RUNNING && d->ckpt_enabled)
+                d->ckpt_due = 1;
+        }
+        if (stopping_ms) {
+            /* On the way out: write the last checkpoint once the groups hold whole steps, but
+             * do not wait on the workers for long. */
+            omv_daemon_checkpoint_if_due(d);
+            if (!d->ckpt_due)
+                break;
+            if (omv_time_ms() - stopping_ms > EXIT_SETTLE_MS) {
+                omv_log_warn("a group is still half-way through a step; the last checkpoint "
+                             "stays %s", d->ckpt_last_path[0] ? d->ckpt_last_path : "(none)");
+                break;
+            }
+        }
         short revents[1];
         int router_ready = 0;
         int64_t wait = d->last_cron_ms + CRON_MS - omv_time_ms();
+        if (stopping_ms && wait > 10)
+            wait = 10;
         int r = omv_router_poll(d->router, fds, 1, revents, &router_ready,
                                 wait > 0 ? (int)wait : 0);
         if (r < 0 && r != -EINTR) {
@@ -937,28 +929,11 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
             return r;
         }
         if (r > 0 && router_ready) {
-            /* Drain what is queued, then move the job along once. */
-            for (int n = 0; n < 1024; n++) {
-                omv_peer_t peer;
-                omv_msg_t msg;
-                char why[OMV_WIRE_REASON_MAX];
-                int rr = omv_router_recv(d->router, &peer, &msg, why);
-                if (rr == -EAGAIN || rr == -EINTR)
-                    break;
-                if (rr == -EPROTO) {
-                    refuse(d, &peer, OMV_REFUSE_MALFORMED, "a peer", why);
-                    continue;
-                }
-                if (rr < 0) {
-                    omv_log_error("receive failed: %s", omv_strerror(rr));
-                    break;
-                }
-                on_message(d, &peer, &msg);
-            }
+            drain(d);
             progress(d);
         }
         if (r > 0 && (revents[0] & POLLIN))
-            omv_control_serve(d->control, on_control, d);
+            omv_control_serve(d->control, omv_daemon_on_control, d);
         if (omv_time_ms() - d->last_cron_ms >= CRON_MS) {
             d->last_cron_ms = omv_time_ms();
             cron(d);
@@ -966,9 +941,14 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
         }
     }
     if (d->state != JOB_DONE && d->state != JOB_FAILED) {
+        /* The job is not over: workers wait for a daemon to come back (a restart resumes from
+         * the checkpoint just written). */
+        omv_msg_t s = {.type = OMV_MSG_STOP};
+        omv_strlcpy(s.u.stop.reason, "daemon is shutting down", sizeof(s.u.stop.reason));
+        s.u.stop.reconnect = 1;
         for (uint32_t i = 0; i < d->n_members; i++)
-            if (d->members[i].alive)
-                send_stop(d, &d->members[i], "daemon is shutting down");
+            if (d->members[i].state == MEMBER_ALIVE)
+                send_to(d, &d->members[i], &d->members[i].peer, &s, NULL);
     }
     omv_log_info("stopped");
     return 0;

@@ -12,6 +12,7 @@ typedef struct {
     char control[108];      /* control socket path */
     char job[OMV_JOB_PATH_MAX]; /* job file to run */
     char log_level[16];
+    char state_dir[OMV_JOB_PATH_MAX]; /* checkpoints live under it */
 } omv_daemon_config_t;
 
 extern const omv_config_entry_t omv_daemon_table[];

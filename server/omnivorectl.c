@@ -250,6 +250,8 @@ static int cmd_run(int argc, char **argv, int json)
     dargv[k++] = sock;
     dargv[k++] = "--workers";
     dargv[k++] = nworkers;
+    dargv[k++] = "--state-dir";
+    dargv[k++] = dir;
     for (int i = 0; i < n_sets; i++) {
         dargv[k++] = "--set";
         dargv[k++] = (char *)sets[i];
@@ -311,7 +313,9 @@ out:
     omv_strbuf_clear(&body);
     if (!kids[0].done)
         omv_control_request(sock, "shutdown", &body, 5000);
-    /* Give everyone 10 s to stop on their own, then make them. */
+    /* Give everyone 2 s to stop on their own (workers whose daemon went away mid-job wait for
+     * it to come back), then ask them with SIGTERM, then after 10 s make them. */
+    int64_t asked = omv_time_ms() + 2000;
     deadline = omv_time_ms() + 10000;
     for (;;) {
         reap(kids, n_kids, 1);
@@ -320,6 +324,12 @@ out:
             left += !kids[i].done;
         if (left == 0)
             break;
+        if (asked > 0 && omv_time_ms() > asked) {
+            for (int i = 0; i < n_kids; i++)
+                if (!kids[i].done)
+                    kill(kids[i].pid, SIGTERM);
+            asked = 0;
+        }
         if (omv_time_ms() > deadline) {
             for (int i = 0; i < n_kids; i++)
                 if (!kids[i].done)
@@ -332,6 +342,11 @@ out:
     char path[PATH_MAX + 32];
     snprintf(path, sizeof(path), "%s/workers.sock", dir);
     unlink(path);
+    /* The run folder stays when it holds checkpoints (the summary names the last one). */
+    snprintf(path, sizeof(path), "%s/checkpoints/%s", dir, job.name);
+    rmdir(path);
+    snprintf(path, sizeof(path), "%s/checkpoints", dir);
+    rmdir(path);
     rmdir(dir);
     return rc;
 }

@@ -30,6 +30,7 @@ static void usage(FILE *out)
             "  -e, --endpoint EP      worker endpoint to bind (tcp://*:5555, ipc:///path)\n"
             "  -s, --control PATH     control socket path\n"
             "  -j, --job FILE         job file to run\n"
+            "  -d, --state-dir DIR    state folder (checkpoints under DIR/checkpoints/JOB)\n"
             "  -w, --workers N        override the job's [cluster] workers\n"
             "      --set S.K=V        override any job key, e.g. --set train.learning_rate=0.05\n"
             "  -l, --log-level LEVEL  error, warn, info or debug\n"
@@ -50,11 +51,12 @@ int main(int argc, char **argv)
         {"control", required_argument, NULL, 's'}, {"job", required_argument, NULL, 'j'},
         {"workers", required_argument, NULL, 'w'}, {"set", required_argument, NULL, 'S'},
         {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+        {"version", no_argument, NULL, 'V'},       {"state-dir", required_argument, NULL, 'd'},
+        {NULL, 0, NULL, 0},
     };
     /* First pass: the config file, so that flags override it. */
     int c;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
         if (c == 'c' && omv_config_load(omv_daemon_table, omv_daemon_table_len, optarg, &cfg,
                                         NULL, err) < 0) {
             fprintf(stderr, "omnivored: %s\n", err);
@@ -72,9 +74,9 @@ int main(int argc, char **argv)
     }
     const char *workers = NULL;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
         const char *key = c == 'e' ? "endpoint" : c == 's' ? "control" : c == 'j' ? "job"
-                        : c == 'l' ? "log_level" : NULL;
+                        : c == 'l' ? "log_level" : c == 'd' ? "state_dir" : NULL;
         if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, &cfg, "daemon", key,
                                   optarg, err) < 0) {
             fprintf(stderr, "omnivored: %s\n", err);
@@ -103,7 +105,7 @@ int main(int argc, char **argv)
         return 2;
     }
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
         if (c == 'S' && omv_config_set_arg(omv_job_table, omv_job_table_len, &job, optarg, err) < 0) {
             fprintf(stderr, "omnivored: --set: %s\n", err);
             return 2;

@@ -85,7 +85,7 @@ static void sleep_ms(int ms)
 static pid_t start_daemon(void)
 {
     char *argv[] = {(char *)bin("OMNIVORED"), "--job", job_path, "--endpoint", endpoint,
-                    "--control", sock_path, "--log-level", "warn", NULL};
+                    "--control", sock_path, "--state-dir", dir, "--log-level", "warn", NULL};
     pid_t pid = spawn(argv);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
@@ -134,8 +134,9 @@ static double json_number(const char *json, const char *key)
 static int run_ctl(char *out, size_t cap, const char *extra)
 {
     char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s run %s --json %s 2>%s/run.log", bin("OMNIVORECTL"), job_path,
-             extra, dir);
+    /* TMPDIR: the run folder (with its checkpoints) goes into the test's folder. */
+    snprintf(cmd, sizeof(cmd), "TMPDIR=%s %s run %s --json %s 2>%s/run.log", dir,
+             bin("OMNIVORECTL"), job_path, extra, dir);
     FILE *p = popen(cmd, "r");
     ck_assert_ptr_nonnull(p);
     char line[65536];
@@ -156,7 +157,10 @@ static void check_trained(const char *extra)
     double acc = json_number(json, "test_accuracy");
     ck_assert_msg(loss < 0.25, "test loss %f is not below 0.25: %s", loss, json);
     ck_assert_msg(acc > 0.95, "test accuracy %f is not above 0.95: %s", acc, json);
-    ck_assert_msg(fabs(json_number(json, "epochs") - 4.0) < 1e-6, "epochs: %s", json);
+    /* The job trains until 4 epochs of images are done; asynchronous groups may each finish
+     * the step they were in: at most one batch of 32 per group (2 here) past it. */
+    double epochs = json_number(json, "epochs");
+    ck_assert_msg(epochs >= 4.0 && epochs <= 4.0 + 2 * 32 / 4096.0 + 1e-9, "epochs: %s", json);
     ck_assert_msg(has_text(json, "\"history\":[{\"epoch\":1.0"), "history: %s", json);
     ck_assert_msg(json_number(json, "images_per_second") > 0, "images/s: %s", json);
 }
@@ -244,6 +248,11 @@ START_TEST(test_worker_killed)
     int status;
     ck_assert_int_eq(waitpid(d, &status, 0), d);
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The job was not over: the survivor waits for a daemon to come back rather than exit. */
+    sleep_ms(300);
+    ck_assert_int_eq(waitpid(w2, &status, WNOHANG), 0);
+    /* SIGTERM ends it cleanly. */
+    kill(w2, SIGTERM);
     ck_assert_int_eq(waitpid(w2, &status, 0), w2);
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     omv_strbuf_fini(&body);
@@ -427,9 +436,10 @@ START_TEST(test_bad_input)
     ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
 
     ck_assert_int_eq(omv_control_request(sock_path, "shutdown", &body, 2000), 0);
-    /* A worker still connected is told to stop. */
+    /* A worker still connected is told the daemon goes away while the job is not over. */
     peer_recv(&p, &m, NULL, 0);
     ck_assert_int_eq(m.type, OMV_MSG_STOP);
+    ck_assert_int_eq(m.u.stop.reconnect, 1);
     int status;
     ck_assert_int_eq(waitpid(d, &status, 0), d);
     ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);

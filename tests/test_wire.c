@@ -19,6 +19,7 @@ static void make_welcome(omv_msg_t *m)
     w->protocol_version = OMV_PROTOCOL_VERSION;
     w->worker_id = 17;
     w->group = 3;
+    w->start_step = 0x1234567899ULL;
     omv_jobspec_t *j = &w->job;
     strcpy(j->name, "fashion-mlp");
     j->n_layers = 4;
@@ -43,15 +44,18 @@ static void make_welcome(omv_msg_t *m)
 /* One message of each type but welcome, every field set; 64-bit fields go above 32 bits. */
 #define BIG 0x1234567890ULL
 static const omv_msg_t samples[] = {
-    {.type = OMV_MSG_HELLO, .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16}},
+    {.type = OMV_MSG_HELLO,
+     .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16, 12}},
     {.type = OMV_MSG_PULL, .u.pull = {9, BIG}},
-    {.type = OMV_MSG_PARAMS, .u.params = {BIG + 1, 2, 1000, 500, 4}},
+    {.type = OMV_MSG_PARAMS, .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000}},
     {.type = OMV_MSG_PUSH, .u.push = {5, BIG + 2, 1, 64, 32, 2.25f, 128, 12.5f}},
     {.type = OMV_MSG_HEARTBEAT, .u.heartbeat = {77}},
     {.type = OMV_MSG_EVAL_REQUEST, .u.eval_request = {BIG + 3, 235146}},
     {.type = OMV_MSG_EVAL_RESULT, .u.eval_result = {3, BIG + 4, 8812, 10000, 0.375f}},
     {.type = OMV_MSG_ERROR, .u.error = {OMV_REFUSE_NOT_FINITE, "gradient of shard 2 has NaN"}},
-    {.type = OMV_MSG_STOP, .u.stop = {"job finished"}},
+    {.type = OMV_MSG_STOP, .u.stop = {"job finished", 0}},
+    {.type = OMV_MSG_STOP, .u.stop = {"daemon is shutting down", 1}},
+    {.type = OMV_MSG_LEAVE, .u.leave = {6, "stopped by signal"}},
 };
 enum { N_SAMPLES = sizeof(samples) / sizeof(samples[0]) };
 
@@ -94,6 +98,7 @@ START_TEST(test_welcome_round_trip)
     ck_assert_uint_eq(b->protocol_version, a->protocol_version);
     ck_assert_uint_eq(b->worker_id, 17);
     ck_assert_uint_eq(b->group, 3);
+    ck_assert(b->start_step == 0x1234567899ULL);
     ck_assert_str_eq(b->job.name, a->job.name);
     ck_assert_uint_eq(b->job.n_layers, 4);
     ck_assert_mem_eq(b->job.layers, a->job.layers, 4 * sizeof(uint32_t));
@@ -124,6 +129,7 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_str_eq(d[0].u.hello.hostname, "node7");
     ck_assert_uint_eq(d[0].u.hello.pid, 42);
     ck_assert_uint_eq(d[0].u.hello.threads, 16);
+    ck_assert_uint_eq(d[0].u.hello.previous_worker_id, 12);
     ck_assert_uint_eq(d[1].u.pull.worker_id, 9);
     ck_assert(d[1].u.pull.step == BIG);
     ck_assert(d[2].u.params.step == BIG + 1);
@@ -131,6 +137,8 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_uint_eq(d[2].u.params.offset, 1000);
     ck_assert_uint_eq(d[2].u.params.count, 500);
     ck_assert_uint_eq(d[2].u.params.group, 4);
+    ck_assert_uint_eq(d[2].u.params.slice_begin, 30000);
+    ck_assert_uint_eq(d[2].u.params.slice_count, 15000);
     ck_assert_uint_eq(d[3].u.push.worker_id, 5);
     ck_assert(d[3].u.push.step == BIG + 2);
     ck_assert_uint_eq(d[3].u.push.shard, 1);
@@ -150,6 +158,11 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_int_eq(d[7].u.error.code, OMV_REFUSE_NOT_FINITE);
     ck_assert_str_eq(d[7].u.error.reason, "gradient of shard 2 has NaN");
     ck_assert_str_eq(d[8].u.stop.reason, "job finished");
+    ck_assert_int_eq(d[8].u.stop.reconnect, 0);
+    ck_assert_str_eq(d[9].u.stop.reason, "daemon is shutting down");
+    ck_assert_int_eq(d[9].u.stop.reconnect, 1);
+    ck_assert_uint_eq(d[10].u.leave.worker_id, 6);
+    ck_assert_str_eq(d[10].u.leave.reason, "stopped by signal");
     /* The constructor formats its reason. */
     omv_wire_error(&d[0], OMV_REFUSE_SHAPE, "shard %u of %d", 7u, 3);
     round_trip(&d[0], &d[1]);
@@ -160,7 +173,7 @@ END_TEST
 
 START_TEST(test_payload_count)
 {
-    const uint32_t want[N_SAMPLES] = {0, 0, 500, 32, 0, 235146, 0, 0, 0};
+    const uint32_t want[N_SAMPLES] = {0, 0, 500, 32, 0, 235146, 0, 0, 0, 0, 0};
     for (int i = 0; i < N_SAMPLES; i++)
         ck_assert_uint_eq(omv_wire_payload_count(&samples[i]), want[i]);
     omv_msg_t m;
@@ -339,7 +352,7 @@ END_TEST
 /* What a decoder that said yes promises: a known type and terminated, in-limit fields. */
 static void assert_sane(const omv_msg_t *m)
 {
-    ck_assert(m->type > OMV_MSG_NONE && m->type <= OMV_MSG_STOP);
+    ck_assert(m->type > OMV_MSG_NONE && m->type <= OMV_MSG_LEAVE);
     if (m->type == OMV_MSG_HELLO)
         ck_assert_uint_lt(strnlen(m->u.hello.hostname, 64), 64);
     if (m->type == OMV_MSG_ERROR) {

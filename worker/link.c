@@ -47,6 +47,15 @@ fail: {
 }
 }
 
+void omv_link_abandon(omv_link_t **self_p)
+{
+    if (*self_p) {
+        int linger = 0;
+        zmq_setsockopt((*self_p)->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    }
+    omv_link_destroy(self_p);
+}
+
 void omv_link_destroy(omv_link_t **self_p)
 {
     omv_link_t *self = *self_p;

@@ -13,7 +13,10 @@ typedef struct omv_link omv_link_t;
 /* Connects to endpoint (tcp://host:port or ipc://path). ZeroMQ connects in the background and
  * reconnects by itself. Returns NULL with errno set. Caller owns; release with omv_link_destroy. */
 omv_link_t *omv_link_new(const char *endpoint);
+/* Closes the link, flushing what was sent for up to 2 s. */
 void omv_link_destroy(omv_link_t **self_p);
+/* Closes the link at once, dropping what was not sent (the daemon is gone). */
+void omv_link_abandon(omv_link_t **self_p);
 
 /* Sends msg, followed by its payload (omv_wire_payload_count(msg) floats) when it has one.
  * Returns 0 or a negative errno. */

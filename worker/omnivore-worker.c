@@ -27,7 +27,11 @@ static void usage(FILE *out)
             "                          (default: $OMNIVORE_SERVER)\n"
             "  -r, --role ROLE         trainer (default) or evaluator\n"
             "  -t, --threads N         BLAS threads (default 1)\n"
-            "      --hello-timeout S   seconds to wait for the daemon's welcome (default 30)\n"
+            "      --hello-timeout S   seconds to keep trying to register at start (default 30)\n"
+            "      --server-timeout S  a daemon silent this long while we wait is taken for\n"
+            "                          gone, and we register again (default 10)\n"
+            "      --retry S           after losing the daemon, keep trying to reach it this\n"
+            "                          long, with backoff (default 300; 0: forever)\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
@@ -42,11 +46,14 @@ int main(int argc, char **argv)
         .threads = 1,
         .hello_timeout_ms = 30000,
         .heartbeat_ms = 1000,
+        .server_timeout_ms = 10000,
+        .retry_ms = 300000,
     };
     static const struct option opts[] = {
         {"server", required_argument, NULL, 's'},  {"role", required_argument, NULL, 'r'},
         {"threads", required_argument, NULL, 't'}, {"hello-timeout", required_argument, NULL, 'H'},
         {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+        {"server-timeout", required_argument, NULL, 'T'}, {"retry", required_argument, NULL, 'R'},
         {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
     };
     int c;
@@ -79,6 +86,21 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
+        case 'T':
+        case 'R': {
+            char *end;
+            double v = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || v < 0 || v > 1e6 || (c == 'T' && v <= 0)) {
+                fprintf(stderr, "omnivore-worker: --%s: '%s' is not a number of seconds\n",
+                        c == 'T' ? "server-timeout" : "retry", optarg);
+                return 2;
+            }
+            if (c == 'T')
+                cfg.server_timeout_ms = (int)(v * 1000);
+            else
+                cfg.retry_ms = (int)(v * 1000);
+            break;
+        }
         case 'l':
             if (omv_log_set_level_name(optarg) < 0) {
                 fprintf(stderr, "omnivore-worker: --log-level: '%s' is not error, warn, info or debug\n",

@@ -1,4 +1,5 @@
-/* The worker's session: handshake, then the trainer loop or the evaluator loop. */
+/* The worker's session: registration (and registering again when the daemon goes away), then
+ * the trainer loop or the evaluator loop. */
 #define OMV_LOG_TAG "worker"
 #include "session.h"
 
@@ -6,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "blas.h"
@@ -20,22 +22,32 @@ typedef struct {
     const omv_session_config_t *cfg;
     volatile sig_atomic_t *stop;
     omv_link_t *link;
-    uint32_t worker_id;
+    uint32_t worker_id;   /* 0 while not registered */
+    uint32_t previous_id; /* the id we had before the daemon went away */
     uint32_t group;
+    uint64_t start_step;
     omv_jobspec_t job;
+    int prepared; /* the engine and buffers below are built for job */
     omv_model_layout_t layout;
     omv_mlp_t *mlp;
     omv_dataset_t data;
-    float *params; /* [param_count] */
-    float *grad;   /* [param_count] */
-    float *x;      /* [batch][inputs] */
-    uint8_t *y;    /* [batch] */
-    uint32_t *order; /* [slice_count] this epoch's permutation */
+    uint32_t slice_begin, slice_count; /* the slice in data */
+    float *params;   /* [param_count] */
+    float *grad;     /* [param_count] */
+    float *x;        /* [batch][inputs] */
+    uint8_t *y;      /* [batch] */
+    uint32_t *order; /* [data.count] this epoch's permutation */
     uint8_t *got;    /* [n_shards] which shards of the pull arrived */
-    int64_t last_sent_ms;
+    uint64_t epoch;  /* passes over our slice */
+    uint32_t cursor; /* next position in order */
+    int64_t last_sent_ms, last_recv_ms;
 } session_t;
 
-enum { WAIT_DONE = 1 };
+/* wait_msg's outcomes besides a message (0) and errors (< 0). */
+enum {
+    WAIT_DONE = 1, /* the daemon says the job is over */
+    WAIT_LOST = 2, /* the daemon went away or no longer knows us: register again */
+};
 
 static int send_msg(session_t *s, const omv_msg_t *m, const float *payload)
 {
@@ -46,27 +58,40 @@ static int send_msg(session_t *s, const omv_msg_t *m, const float *payload)
     return r;
 }
 
-/* Waits for the next message that is not a heartbeat concern: sends heartbeats while waiting and
- * handles Error and Stop. Returns 0 with a message, WAIT_DONE on Stop, or a negative errno. */
+static void send_heartbeat_if_due(session_t *s)
+{
+    if (s->worker_id != 0 && omv_time_ms() - s->last_sent_ms >= s->cfg->heartbeat_ms) {
+        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+        hb.u.heartbeat.worker_id = s->worker_id;
+        send_msg(s, &hb, NULL);
+    }
+}
+
+/* Waits for the next message that is not a heartbeat: sends heartbeats while waiting, notices a
+ * daemon that has gone quiet, and handles Error and Stop. Returns 0 with a message, WAIT_DONE,
+ * WAIT_LOST, or a negative errno (-ETIMEDOUT at deadline_ms when it is > 0). */
 static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
 {
     char why[OMV_WIRE_REASON_MAX];
+    int64_t since = omv_time_ms();
     for (;;) {
         if (*s->stop)
             return -EINTR;
         int64_t now = omv_time_ms();
         if (deadline_ms > 0 && now >= deadline_ms)
             return -ETIMEDOUT;
+        int64_t heard = s->last_recv_ms > since ? s->last_recv_ms : since;
+        if (s->worker_id != 0 && now - heard > s->cfg->server_timeout_ms) {
+            omv_log_warn("no word from the daemon for %.1f s: registering again",
+                         (double)(now - heard) / 1000.0);
+            return WAIT_LOST;
+        }
         int wait = s->cfg->heartbeat_ms;
         if (deadline_ms > 0 && deadline_ms - now < wait)
             wait = (int)(deadline_ms - now);
         int r = omv_link_recv(s->link, m, wait, why);
         if (r == -EAGAIN || r == -EINTR) {
-            if (s->worker_id != 0 && omv_time_ms() - s->last_sent_ms >= s->cfg->heartbeat_ms) {
-                omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
-                hb.u.heartbeat.worker_id = s->worker_id;
-                send_msg(s, &hb, NULL);
-            }
+            send_heartbeat_if_due(s);
             continue;
         }
         if (r == -EPROTO) {
@@ -75,45 +100,64 @@ static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
         }
         if (r < 0)
             return r;
-        if (m->type == OMV_MSG_STOP) {
+        s->last_recv_ms = omv_time_ms();
+        switch (m->type) {
+        case OMV_MSG_HEARTBEAT:
+            continue;
+        case OMV_MSG_STOP:
+            if (m->u.stop.reconnect) {
+                omv_log_info("daemon says \"%s\": waiting for it to come back",
+                             m->u.stop.reason);
+                return WAIT_LOST;
+            }
             omv_log_info("daemon says stop: \"%s\"", m->u.stop.reason);
             return WAIT_DONE;
-        }
-        if (m->type == OMV_MSG_ERROR) {
-            if (m->u.error.code == OMV_REFUSE_NOT_FINITE) {
+        case OMV_MSG_ERROR:
+            switch (m->u.error.code) {
+            case OMV_REFUSE_NOT_FINITE:
                 /* The daemon dropped our gradient; the model is intact and the step goes on. */
                 omv_log_warn("daemon refused a gradient: \"%s\"", m->u.error.reason);
                 continue;
+            case OMV_REFUSE_UNKNOWN_WORKER:
+            case OMV_REFUSE_STEP:
+                /* It declared us dead, restarted, or moved on without us: join again. */
+                omv_log_warn("daemon refused us (%s): \"%s\"; registering again",
+                             omv_refuse_name(m->u.error.code), m->u.error.reason);
+                return WAIT_LOST;
+            default:
+                omv_log_error("daemon refused us (%s): \"%s\"", omv_refuse_name(m->u.error.code),
+                              m->u.error.reason);
+                return -EPROTO;
             }
-            omv_log_error("daemon refused us (%s): \"%s\"", omv_refuse_name(m->u.error.code),
-                          m->u.error.reason);
-            return -EPROTO;
+        default:
+            return 0;
         }
-        return 0;
     }
 }
 
-static int handshake(session_t *s)
+/* One registration attempt: Hello, then wait up to wait_ms for the Welcome. Returns 0,
+ * -ETIMEDOUT (no answer), WAIT_DONE (nothing to do: the job is over) or another negative errno
+ * (refused: do not try again). */
+static int handshake(session_t *s, int wait_ms)
 {
     omv_msg_t m = {.type = OMV_MSG_HELLO};
     m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
     m.u.hello.role = s->cfg->role;
     m.u.hello.pid = (uint32_t)getpid();
     m.u.hello.threads = (uint32_t)s->cfg->threads;
+    m.u.hello.previous_worker_id = s->previous_id;
     if (gethostname(m.u.hello.hostname, sizeof(m.u.hello.hostname)) != 0)
         omv_strlcpy(m.u.hello.hostname, "unknown", sizeof(m.u.hello.hostname));
     m.u.hello.hostname[sizeof(m.u.hello.hostname) - 1] = '\0';
+    s->worker_id = 0;
     int r = send_msg(s, &m, NULL);
     if (r < 0)
         return r;
-    r = wait_msg(s, &m, omv_time_ms() + s->cfg->hello_timeout_ms);
-    if (r == -ETIMEDOUT) {
-        omv_log_error("no answer from the daemon at %s within %d ms: is omnivored running?",
-                      s->cfg->endpoint, s->cfg->hello_timeout_ms);
-        return r;
-    }
+    r = wait_msg(s, &m, omv_time_ms() + wait_ms);
+    if (r == WAIT_LOST)
+        return -ETIMEDOUT; /* a daemon on its way out: try again */
     if (r != 0)
-        return r < 0 ? r : -ECONNRESET;
+        return r;
     if (m.type != OMV_MSG_WELCOME) {
         omv_log_error("expected welcome from the daemon, got %s", omv_msg_name(m.type));
         return -EPROTO;
@@ -125,25 +169,87 @@ static int handshake(session_t *s)
     }
     s->worker_id = m.u.welcome.worker_id;
     s->group = m.u.welcome.group;
+    s->start_step = m.u.welcome.start_step;
+    if (s->prepared && (strcmp(s->job.name, m.u.welcome.job.name) != 0 ||
+                        s->job.param_count != m.u.welcome.job.param_count ||
+                        s->job.batch_size != m.u.welcome.job.batch_size)) {
+        omv_log_warn("the daemon runs another job now ('%s'): starting over",
+                     m.u.welcome.job.name);
+        s->prepared = 0;
+    }
     s->job = m.u.welcome.job;
     return 0;
 }
 
-/* Checks the job against itself and the data; allocates every buffer the loop needs. */
-static int prepare(session_t *s, uint32_t batch)
+/* Registers, trying again with backoff until deadline_ms (0: forever). Returns 0, WAIT_DONE, or
+ * a negative errno. */
+static int register_with_backoff(session_t *s, int64_t deadline_ms)
 {
-    omv_jobspec_t *j = &s->job;
-    char err[OMV_CONFIG_ERR_MAX];
-    if (omv_model_layout(&s->layout, j->layers, j->n_layers) < 0 ||
-        s->layout.param_count != j->param_count) {
-        omv_log_error("job's model (%u layers, %u parameters) does not lay out", j->n_layers,
-                      j->param_count);
-        return -EPROTO;
+    int delay_ms = 100;
+    for (int attempt = 0;; attempt++) {
+        if (s->link == NULL) {
+            s->link = omv_link_new(s->cfg->endpoint);
+            if (s->link == NULL) {
+                int e = -errno;
+                omv_log_error("cannot connect to '%s': %s", s->cfg->endpoint, omv_strerror(e));
+                return e;
+            }
+        }
+        int64_t now = omv_time_ms();
+        int wait = attempt == 0 ? 2000 : 1000 + delay_ms;
+        if (deadline_ms > 0 && deadline_ms - now < wait)
+            wait = (int)(deadline_ms - now) > 1 ? (int)(deadline_ms - now) : 1;
+        int r = handshake(s, wait);
+        if (r != -ETIMEDOUT)
+            return r;
+        if (deadline_ms > 0 && omv_time_ms() >= deadline_ms) {
+            omv_log_error("no answer from the daemon at %s: is omnivored running?",
+                          s->cfg->endpoint);
+            return -ETIMEDOUT;
+        }
+        if (attempt == 0 || attempt % 10 == 0)
+            omv_log_warn("no answer from the daemon at %s yet; trying again", s->cfg->endpoint);
+        /* A fresh socket each time: nothing stale queued for a daemon that is gone. */
+        omv_link_abandon(&s->link);
+        struct timespec ts = {delay_ms / 1000, (long)(delay_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && !*s->stop)
+            ;
+        if (*s->stop)
+            return -EINTR;
+        delay_ms = delay_ms * 2 > 5000 ? 5000 : delay_ms * 2;
     }
+}
+
+static void release_engine(session_t *s)
+{
+    free(s->got);
+    free(s->order);
+    free(s->y);
+    free(s->x);
+    free(s->grad);
+    free(s->params);
+    s->got = NULL;
+    s->order = NULL;
+    s->y = NULL;
+    s->x = NULL;
+    s->grad = NULL;
+    s->params = NULL;
+    omv_dataset_fini(&s->data);
+    omv_mlp_destroy(&s->mlp);
+    s->prepared = 0;
+    s->slice_count = 0;
+}
+
+/* Loads [begin, begin + count) of the training set (or the whole test set for an evaluator) and
+ * checks it against the model. */
+static int load_data(session_t *s, uint32_t begin, uint32_t count)
+{
+    const omv_jobspec_t *j = &s->job;
+    char err[OMV_CONFIG_ERR_MAX];
+    omv_dataset_fini(&s->data);
     int r;
     if (s->cfg->role == OMV_ROLE_TRAINER)
-        r = omv_dataset_load(&s->data, j->train_images, j->train_labels, j->slice_begin,
-                             j->slice_count, err);
+        r = omv_dataset_load(&s->data, j->train_images, j->train_labels, begin, count, err);
     else
         r = omv_dataset_load(&s->data, j->test_images, j->test_labels, 0, 0, err);
     if (r < 0) {
@@ -160,35 +266,100 @@ static int prepare(session_t *s, uint32_t batch)
                       s->layout.classes);
         return -EINVAL;
     }
+    free(s->order);
+    s->order = malloc(((size_t)s->data.count ? s->data.count : 1) * sizeof(uint32_t));
+    if (s->order == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < s->data.count; i++)
+        s->order[i] = i;
+    s->slice_begin = begin;
+    s->slice_count = s->data.count;
+    s->cursor = s->data.count; /* shuffle before the first batch */
+    return 0;
+}
+
+/* Checks the job against itself and the data; allocates every buffer the loop needs. */
+static int prepare(session_t *s, uint32_t batch)
+{
+    omv_jobspec_t *j = &s->job;
+    if (omv_model_layout(&s->layout, j->layers, j->n_layers) < 0 ||
+        s->layout.param_count != j->param_count) {
+        omv_log_error("job's model (%u layers, %u parameters) does not lay out", j->n_layers,
+                      j->param_count);
+        return -EPROTO;
+    }
+    int r = load_data(s, j->slice_begin, j->slice_count);
+    if (r < 0)
+        return r;
     s->mlp = omv_mlp_new(j->layers, j->n_layers, batch);
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
-    s->order = malloc((size_t)s->data.count * sizeof(uint32_t));
     s->got = calloc(j->n_shards, 1);
-    if (!s->mlp || !s->params || !s->grad || !s->x || !s->y || !s->order || !s->got) {
+    if (!s->mlp || !s->params || !s->grad || !s->x || !s->y || !s->got) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
     }
+    s->prepared = 1;
     return 0;
 }
 
-/* Gathers images idx[0..n) of the slice into x (scaled to [0, 1]) and y. */
-static void gather(session_t *s, const uint32_t *idx, uint32_t n)
+/* Gathers images idx[0..n) of the slice into rows [row, row + n) of x (scaled to [0, 1]) and
+ * y. */
+static void gather_rows(session_t *s, uint32_t row, const uint32_t *idx, uint32_t n)
 {
     uint32_t in = s->layout.inputs;
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *px = s->data.pixels + (size_t)idx[i] * in;
-        float *xr = s->x + (size_t)i * in;
+        float *xr = s->x + (size_t)(row + i) * in;
         for (uint32_t k = 0; k < in; k++)
             xr[k] = (float)px[k] * (1.0f / 255.0f);
-        s->y[i] = s->data.labels[idx[i]];
+        s->y[row + i] = s->data.labels[idx[i]];
     }
 }
 
-/* Pulls every shard of the parameters for `step`. Returns 0, WAIT_DONE or a negative errno. */
+static void gather(session_t *s, const uint32_t *idx, uint32_t n)
+{
+    gather_rows(s, 0, idx, n);
+}
+
+static void reshuffle(session_t *s)
+{
+    omv_rng_t rng;
+    omv_rng_init(&rng, s->job.seed ^ (s->epoch * 0x9e3779b97f4a7c15ULL) ^
+                           ((uint64_t)s->slice_begin << 32));
+    omv_rng_shuffle(&rng, s->order, s->data.count);
+    s->epoch++;
+    s->cursor = 0;
+}
+
+/* The next batch of our slice: passes over it in a seeded random order, reshuffled each pass
+ * (the tail shorter than a batch waits for the next pass). A slice smaller than a batch is
+ * cycled through. */
+static void next_batch(session_t *s, uint32_t batch)
+{
+    uint32_t n = s->data.count;
+    if (n >= batch) {
+        if (n - s->cursor < batch)
+            reshuffle(s);
+        gather(s, s->order + s->cursor, batch);
+        s->cursor += batch;
+        return;
+    }
+    for (uint32_t done = 0; done < batch;) {
+        if (s->cursor >= n)
+            reshuffle(s);
+        uint32_t take = batch - done < n - s->cursor ? batch - done : n - s->cursor;
+        gather_rows(s, done, s->order + s->cursor, take);
+        s->cursor += take;
+        done += take;
+    }
+}
+
+/* Pulls every shard of the parameters for `step`. Returns 0, WAIT_DONE, WAIT_LOST or a negative
+ * errno. A changed data slice in the reply is loaded before the step is computed. */
 static int pull(session_t *s, uint64_t step)
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
@@ -198,6 +369,7 @@ static int pull(session_t *s, uint64_t step)
     if (r < 0)
         return r;
     const omv_jobspec_t *j = &s->job;
+    uint32_t slice_begin = s->slice_begin, slice_count = s->slice_count;
     memset(s->got, 0, j->n_shards);
     for (uint32_t have = 0; have < j->n_shards;) {
         r = wait_msg(s, &m, 0);
@@ -222,7 +394,18 @@ static int pull(session_t *s, uint64_t step)
         memcpy(s->params + p->offset, data, len);
         s->got[p->shard] = 1;
         s->group = p->group;
+        if (p->slice_count > 0) {
+            slice_begin = p->slice_begin;
+            slice_count = p->slice_count;
+        }
         have++;
+    }
+    if (slice_begin != s->slice_begin || slice_count != s->slice_count) {
+        omv_log_info("worker %u: data slice is now images [%u, %u)", s->worker_id, slice_begin,
+                     slice_begin + slice_count);
+        r = load_data(s, slice_begin, slice_count);
+        if (r < 0)
+            return r;
     }
     return 0;
 }
@@ -231,36 +414,25 @@ static int train(session_t *s)
 {
     const omv_jobspec_t *j = &s->job;
     uint32_t batch = j->batch_size;
-    if (batch == 0 || j->steps_per_epoch == 0 || (uint64_t)j->steps_per_epoch * batch > j->slice_count) {
-        omv_log_error("job gives %u steps of %u images per epoch but a slice of %u images",
-                      j->steps_per_epoch, batch, j->slice_count);
+    if (batch == 0 || batch > 65536 || j->slice_count == 0) {
+        omv_log_error("job gives a batch of %u images and a slice of %u", batch, j->slice_count);
         return -EPROTO;
     }
-    int r = prepare(s, batch);
+    int r = 0;
+    if (!s->prepared)
+        r = prepare(s, batch);
+    else if (j->slice_begin != s->slice_begin || j->slice_count != s->slice_count)
+        r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
-    omv_log_info("worker %u in group %u: images [%u, %u), %u steps of %u", s->worker_id, s->group,
-                 j->slice_begin, j->slice_begin + j->slice_count, j->total_steps, batch);
-    for (uint32_t i = 0; i < s->data.count; i++)
-        s->order[i] = i;
-    omv_rng_t rng;
-    for (uint64_t step = 0;; step++) {
+    omv_log_info("worker %u in group %u from step %llu: images [%u, %u), batches of %u",
+                 s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
+                 s->slice_begin + s->slice_count, batch);
+    for (uint64_t step = s->start_step;; step++) {
         r = pull(s, step);
         if (r != 0)
-            return r == WAIT_DONE ? 0 : r;
-        if (step >= j->total_steps) {
-            /* The daemon answers the pull past the last step only with Stop. */
-            omv_log_error("daemon sent parameters past the last step");
-            return -EPROTO;
-        }
-        uint64_t in_epoch = step % j->steps_per_epoch;
-        if (in_epoch == 0) {
-            uint64_t epoch = step / j->steps_per_epoch;
-            omv_rng_init(&rng, j->seed ^ (epoch * 0x9e3779b97f4a7c15ULL) ^
-                                   ((uint64_t)j->slice_begin << 32));
-            omv_rng_shuffle(&rng, s->order, s->data.count);
-        }
-        gather(s, s->order + in_epoch * batch, batch);
+            return r;
+        next_batch(s, batch);
         double t0 = omv_time_s();
         float loss = omv_mlp_train_step(s->mlp, s->params, s->x, s->y, batch, s->grad);
         float ms = (float)((omv_time_s() - t0) * 1000.0);
@@ -280,17 +452,17 @@ static int evaluate(session_t *s)
 {
     const omv_jobspec_t *j = &s->job;
     uint32_t batch = j->eval_batch_size ? j->eval_batch_size : 1000;
-    int r = prepare(s, batch);
-    if (r < 0)
-        return r;
+    if (!s->prepared) {
+        int r = prepare(s, batch);
+        if (r < 0)
+            return r;
+    }
     omv_log_info("evaluator %u: %u test images", s->worker_id, s->data.count);
-    for (uint32_t i = 0; i < s->data.count; i++)
-        s->order[i] = i;
     for (;;) {
         omv_msg_t m;
-        r = wait_msg(s, &m, 0);
+        int r = wait_msg(s, &m, 0);
         if (r != 0)
-            return r == WAIT_DONE ? 0 : r;
+            return r;
         if (m.type != OMV_MSG_EVAL_REQUEST) {
             omv_log_warn("evaluator ignores %s", omv_msg_name(m.type));
             continue;
@@ -313,6 +485,8 @@ static int evaluate(session_t *s)
             omv_mlp_evaluate(s->mlp, s->params, s->x, s->y, n, &c, &l);
             correct += c;
             loss += l;
+            /* A long evaluation must not look like a dead evaluator. */
+            send_heartbeat_if_due(s);
         }
         omv_msg_t res = {.type = OMV_MSG_EVAL_RESULT};
         res.u.eval_result = (omv_eval_result_t){s->worker_id, m.u.eval_request.eval_id, correct,
@@ -330,23 +504,31 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     s.cfg = cfg;
     s.stop = stop;
     omv_blas_set_threads(cfg->threads);
-    s.link = omv_link_new(cfg->endpoint);
-    if (s.link == NULL) {
-        int e = errno;
-        omv_log_error("cannot connect to '%s': %s", cfg->endpoint, omv_strerror(-e));
-        return -e;
-    }
-    int r = handshake(&s);
-    if (r == 0)
+    int64_t deadline = omv_time_ms() + cfg->hello_timeout_ms;
+    int r;
+    for (;;) {
+        r = register_with_backoff(&s, deadline);
+        if (r != 0)
+            break;
         r = cfg->role == OMV_ROLE_TRAINER ? train(&s) : evaluate(&s);
-    free(s.got);
-    free(s.order);
-    free(s.y);
-    free(s.x);
-    free(s.grad);
-    free(s.params);
-    omv_dataset_fini(&s.data);
-    omv_mlp_destroy(&s.mlp);
+        if (r != WAIT_LOST)
+            break;
+        /* The daemon is gone or forgot us: find it again, for up to retry_ms. */
+        s.previous_id = s.worker_id;
+        s.worker_id = 0;
+        omv_link_abandon(&s.link);
+        deadline = cfg->retry_ms > 0 ? omv_time_ms() + cfg->retry_ms : 0;
+    }
+    if (r == -EINTR && s.worker_id != 0 && s.link != NULL) {
+        /* Say goodbye, so that our group does not wait for our timeout. */
+        omv_msg_t m = {.type = OMV_MSG_LEAVE};
+        m.u.leave.worker_id = s.worker_id;
+        omv_strlcpy(m.u.leave.reason, "stopped by signal", sizeof(m.u.leave.reason));
+        send_msg(&s, &m, NULL);
+    }
+    if (r == WAIT_DONE)
+        r = 0;
+    release_engine(&s);
     omv_link_destroy(&s.link);
     return r;
 }

@@ -10,10 +10,14 @@ typedef struct {
     const char *endpoint; /* borrowed */
     omv_role_t role;
     int threads;          /* BLAS threads */
-    int hello_timeout_ms; /* how long to wait for the daemon's Welcome */
+    int hello_timeout_ms; /* how long to keep trying to register at first */
     int heartbeat_ms;     /* heartbeat period while waiting */
+    int server_timeout_ms; /* a daemon silent this long while we wait is taken for gone */
+    int retry_ms;         /* how long to keep trying to reach it again (0: forever) */
 } omv_session_config_t;
 
-/* Runs the session to its end. Returns 0 when the daemon stopped us (job over), -EINTR when
- * *stop became nonzero (a signal), or a negative errno after logging what went wrong. */
+/* Runs the session to its end. When the daemon goes away (it restarts, or it declared us dead),
+ * the session registers again, with backoff, for up to retry_ms, and carries on with the job.
+ * Returns 0 when the daemon stopped us (job over), -EINTR when *stop became nonzero (a signal;
+ * a trainer tells the daemon it leaves), or a negative errno after logging what went wrong. */
 int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop);

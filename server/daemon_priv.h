@@ -1,0 +1,130 @@
+/* The daemon's state, shared by its parts: the event loop and membership (daemon.c), control
+ * replies (daemon_status.c) and checkpoints (daemon_checkpoint.c). Not for other modules. */
+#pragma once
+
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "control.h"
+#include "daemon.h"
+#include "groups.h"
+#include "model.h"
+#include "router.h"
+#include "shard.h"
+#include "strbuf.h"
+#include "wire.h"
+
+#define OMV_DAEMON_MAX_EVALUATORS 4
+
+typedef enum { JOB_WAITING, JOB_RUNNING, JOB_FINISHING, JOB_DONE, JOB_FAILED } job_state_t;
+extern const char *const omv_daemon_state_names[];
+
+typedef enum { MEMBER_ALIVE, MEMBER_DEAD, MEMBER_LEFT } member_state_t;
+
+typedef struct {
+    int used;
+    member_state_t state;
+    omv_peer_t peer;
+    omv_role_t role;
+    uint32_t slot; /* trainers: their slot in the groups */
+    char host[64];
+    uint32_t pid;
+    uint32_t previous_id; /* the id it had before it rejoined; 0 for a first registration */
+    int64_t joined_ms, last_seen_ms;
+    uint64_t steps;  /* steps pushed */
+    uint64_t images; /* images pushed */
+    float last_compute_ms;
+    uint32_t slice_begin, slice_count; /* its part of the training set now */
+    int parked;                        /* a pull is waiting */
+    uint64_t parked_step;
+} member_t;
+
+typedef struct {
+    double epoch, wall_s, accuracy, loss;
+} eval_point_t;
+
+struct omv_daemon {
+    omv_daemon_config_t cfg;
+    omv_job_t job;
+    char job_path[OMV_JOB_PATH_MAX];
+    char *job_text; /* the job file as read at start, kept in checkpoints */
+    omv_router_t *router;
+    omv_control_t *control;
+    int shutdown;
+
+    /* The model. */
+    omv_model_layout_t layout;
+    float *params; /* [param_count], split among the shards */
+    uint32_t n_shards;
+    uint32_t shard_offsets[OMV_WIRE_MAX_SHARDS + 1];
+    omv_shard_t *shards;
+    float *scratch; /* [largest shard] for gradients whose payload is misaligned */
+    omv_sgd_t sgd;
+    omv_groups_t *groups;
+
+    /* Members: id = index + 1. Trainers and evaluators share the table; ids are not reused
+     * while free records remain, so a late message from a dead worker cannot pass for another. */
+    member_t *members;
+    uint32_t n_members_max, n_members, n_slots;
+    uint64_t joins_total, leaves_total, deaths_total, rejoins_total;
+
+    /* The job's schedule. */
+    job_state_t state;
+    uint32_t train_count;  /* images in the training set the job uses */
+    uint32_t worker_batch; /* images per worker per step: the group's batch over its members */
+    uint64_t target_images; /* epochs x train_count: the job trains until it has seen these */
+    double created_s, first_hello_s, start_s, train_end_s, end_s;
+    double train_s_before; /* training seconds before a resume */
+    uint64_t images_total, steps_total, late_total;
+    uint64_t *group_images; /* [groups] images of the group's current step */
+    double loss_sum;        /* since the last progress line */
+    uint64_t loss_n;
+    double last_loss;
+    double last_line_s;
+    uint64_t last_line_images;
+    uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
+    char fail_reason[256];
+
+    /* Evaluation. */
+    uint32_t evaluator; /* member id of the live evaluator; 0 none */
+    int eval_busy, eval_wanted, eval_final_sent;
+    int64_t eval_sent_ms;
+    uint64_t eval_id;
+    double eval_epoch, eval_wall_s;
+    double next_eval_epoch;
+    eval_point_t *history;
+    size_t n_history, cap_history;
+
+    /* Checkpoints. */
+    char ckpt_dir[OMV_JOB_PATH_MAX];
+    int ckpt_enabled, ckpt_due;
+    uint64_t ckpt_seq;
+    double ckpt_last_s;
+    uint64_t ckpt_last_step;
+    char ckpt_last_path[OMV_JOB_PATH_MAX + 64];
+    char ckpt_resumed_from[OMV_JOB_PATH_MAX + 64];
+    uint64_t ckpt_written_total, ckpt_failed_total;
+    double ckpt_last_ms; /* how long the last write took */
+
+    uint64_t refused[OMV_REFUSE_COUNT_];
+    int64_t last_cron_ms;
+};
+
+double omv_daemon_epoch(const omv_daemon_t *d);
+double omv_daemon_train_seconds(const omv_daemon_t *d);
+double omv_daemon_wall_seconds(const omv_daemon_t *d);
+int omv_daemon_live_trainers(const omv_daemon_t *d);
+const char *omv_daemon_member_state(const member_t *m);
+
+/* daemon_status.c: the control socket's commands. */
+int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply);
+
+/* daemon_checkpoint.c */
+/* Resumes from the newest valid checkpoint in ckpt_dir when the job allows. Returns 1 when it
+ * resumed, 0 when there was nothing to resume, or a negative errno (a checkpoint for another
+ * model: the daemon does not start, rather than overwrite it). */
+int omv_daemon_resume(omv_daemon_t *d);
+/* Writes a checkpoint now. Returns 0 or a negative errno (logged, counted). */
+int omv_daemon_checkpoint(omv_daemon_t *d, int finished);
+/* Writes a due checkpoint when no group is half-way through applying a step. */
+void omv_daemon_checkpoint_if_due(omv_daemon_t *d);
