@@ -126,7 +126,7 @@ __attribute__((format(printf, 3, 4))) static void violation(sim_t *sim, int kind
     va_end(ap);
 }
 
-static uint8_t *applied_at(sim_t *sim, uint32_t g, uint64_t step, uint32_t sh)
+static uint8_t *applied_at(const sim_t *sim, uint32_t g, uint64_t step, uint32_t sh)
 {
     return &sim->applied[((size_t)g * sim->steps + step) * sim->cfg.shards + sh];
 }
@@ -223,7 +223,7 @@ static bool missing_upto(const sim_t *sim, uint32_t h, uint64_t below, char *why
         if (!sim->started[gs_index(sim, h, u)] || sim->abandoned[gs_index(sim, h, u)])
             continue;
         for (uint32_t sh = 0; sh < sim->cfg.shards; sh++) {
-            if (*applied_at((sim_t *)sim, h, u, sh) == 0) {
+            if (*applied_at(sim, h, u, sh) == 0) {
                 snprintf(why, cap, "group %u step %llu shard %u not applied", h,
                          (unsigned long long)u, sh);
                 return true;
