@@ -338,6 +338,13 @@ static void progress(omv_daemon_t *d)
         finish(d, JOB_DONE, "job done");
         return;
     }
+    if (d->state == JOB_RUNNING && d->ckpt_enabled && d->job.checkpoint_every_steps > 0) {
+        /* Checked as steps complete, not by the clock, so no more than the interval is lost. */
+        uint64_t step = omv_groups_min_clock(d->groups);
+        if (step != UINT64_MAX &&
+            step >= d->ckpt_last_step + (uint64_t)d->job.checkpoint_every_steps)
+            d->ckpt_due = 1;
+    }
     omv_daemon_checkpoint_if_due(d);
     if (d->state != JOB_RUNNING)
         return;
@@ -679,13 +686,9 @@ static void cron(omv_daemon_t *d)
         d->deaths_total++;
         remove_member(d, ev, MEMBER_DEAD);
     }
-    if (d->state == JOB_RUNNING && d->ckpt_enabled) {
-        uint64_t step = omv_groups_min_clock(d->groups);
-        if ((d->job.checkpoint_every_s > 0 && t - d->ckpt_last_s >= d->job.checkpoint_every_s) ||
-            (d->job.checkpoint_every_steps > 0 && step != UINT64_MAX &&
-             step >= d->ckpt_last_step + (uint64_t)d->job.checkpoint_every_steps))
-            d->ckpt_due = 1;
-    }
+    if (d->state == JOB_RUNNING && d->ckpt_enabled && d->job.checkpoint_every_s > 0 &&
+        t - d->ckpt_last_s >= d->job.checkpoint_every_s)
+        d->ckpt_due = 1;
     if (d->state == JOB_RUNNING && t - d->last_line_s >= d->job.progress_interval_s) {
         double rate = (double)(d->images_total - d->last_line_images) / (t - d->last_line_s);
         double loss = d->loss_n ? d->loss_sum / (double)d->loss_n : NAN;

@@ -19,7 +19,7 @@ int omv_test_write_idx(const char *images_path, const char *labels_path, const u
 int omv_test_make_blobs(const char *images_path, const char *labels_path, uint32_t count,
                         uint32_t rows, uint32_t cols, uint32_t classes, uint64_t seed, int gz);
 
-/* Removes a folder and the files directly in it. */
+/* Removes a folder and everything in it. */
 void omv_test_rmdir(const char *dir);
 
 /* Runs a suite (taken) with Check's normal output; returns the process exit status. */

@@ -32,6 +32,8 @@ static void usage(FILE *out)
             "                          gone, and we register again (default 10)\n"
             "      --retry S           after losing the daemon, keep trying to reach it this\n"
             "                          long, with backoff (default 300; 0: forever)\n"
+            "      --step-delay-ms MIN[-MAX]  add a random MIN..MAX ms to every step, to emulate\n"
+            "                          a slower device in experiments and tests (default 0)\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
@@ -54,6 +56,7 @@ int main(int argc, char **argv)
         {"threads", required_argument, NULL, 't'}, {"hello-timeout", required_argument, NULL, 'H'},
         {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
         {"server-timeout", required_argument, NULL, 'T'}, {"retry", required_argument, NULL, 'R'},
+        {"step-delay-ms", required_argument, NULL, 'D'},
         {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
     };
     int c;
@@ -99,6 +102,22 @@ int main(int argc, char **argv)
                 cfg.server_timeout_ms = (int)(v * 1000);
             else
                 cfg.retry_ms = (int)(v * 1000);
+            break;
+        }
+        case 'D': {
+            int lo = 0, hi = -1, n = 0;
+            if (sscanf(optarg, "%d-%d%n", &lo, &hi, &n) != 2 || optarg[n] != '\0') {
+                hi = -1;
+                if (sscanf(optarg, "%d%n", &lo, &n) == 1 && optarg[n] == '\0')
+                    hi = lo;
+            }
+            if (lo < 0 || hi < lo || hi > 60000) {
+                fprintf(stderr, "omnivore-worker: --step-delay-ms: '%s' is not MS or MIN-MAX "
+                                "(0 to 60000)\n", optarg);
+                return 2;
+            }
+            cfg.delay_min_ms = lo;
+            cfg.delay_max_ms = hi;
             break;
         }
         case 'l':

@@ -41,6 +41,7 @@ typedef struct {
     uint64_t epoch;  /* passes over our slice */
     uint32_t cursor; /* next position in order */
     int64_t last_sent_ms, last_recv_ms;
+    omv_rng_t delay_rng;
 } session_t;
 
 /* wait_msg's outcomes besides a message (0) and errors (< 0). */
@@ -325,14 +326,35 @@ static void gather(session_t *s, const uint32_t *idx, uint32_t n)
     gather_rows(s, 0, idx, n);
 }
 
+/* Shuffles for pass s->epoch, from the identity: a pass's order depends only on the seed, the
+ * pass and the slice, so a worker can seek to any step. */
 static void reshuffle(session_t *s)
 {
+    for (uint32_t i = 0; i < s->data.count; i++)
+        s->order[i] = i;
     omv_rng_t rng;
     omv_rng_init(&rng, s->job.seed ^ (s->epoch * 0x9e3779b97f4a7c15ULL) ^
                            ((uint64_t)s->slice_begin << 32));
     omv_rng_shuffle(&rng, s->order, s->data.count);
     s->epoch++;
     s->cursor = 0;
+}
+
+/* Puts the data position where step `step` of an uninterrupted run would find it: pass
+ * step / steps_per_pass, in that pass's order. So a worker that (re)joins at step t, after a
+ * daemon restart say, goes on with the same images it would have had. */
+static void seek_step(session_t *s, uint64_t step, uint32_t batch)
+{
+    uint32_t n = s->data.count;
+    uint64_t per_pass = n >= batch ? n / batch : 0;
+    if (per_pass == 0) {
+        s->epoch = 0;
+        s->cursor = n; /* cycled through from a fresh shuffle */
+        return;
+    }
+    s->epoch = step / per_pass;
+    reshuffle(s); /* shuffles for pass s->epoch, then counts it */
+    s->cursor = (uint32_t)((step % per_pass) * batch);
 }
 
 /* The next batch of our slice: passes over it in a seeded random order, reshuffled each pass
@@ -406,8 +428,19 @@ static int pull(session_t *s, uint64_t step)
         r = load_data(s, slice_begin, slice_count);
         if (r < 0)
             return r;
+        seek_step(s, step, s->job.batch_size);
     }
     return 0;
+}
+
+/* Sleeps a random time in [delay_min_ms, delay_max_ms], as a slower device would compute. */
+static void slow_down(session_t *s)
+{
+    uint32_t span = (uint32_t)(s->cfg->delay_max_ms - s->cfg->delay_min_ms) + 1;
+    uint32_t ms = (uint32_t)s->cfg->delay_min_ms + (uint32_t)(omv_rng_next(&s->delay_rng) % span);
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && !*s->stop)
+        ;
 }
 
 static int train(session_t *s)
@@ -425,6 +458,7 @@ static int train(session_t *s)
         r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
+    seek_step(s, s->start_step, batch);
     omv_log_info("worker %u in group %u from step %llu: images [%u, %u), batches of %u",
                  s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
                  s->slice_begin + s->slice_count, batch);
@@ -435,6 +469,8 @@ static int train(session_t *s)
         next_batch(s, batch);
         double t0 = omv_time_s();
         float loss = omv_mlp_train_step(s->mlp, s->params, s->x, s->y, batch, s->grad);
+        if (s->cfg->delay_max_ms > 0)
+            slow_down(s);
         float ms = (float)((omv_time_s() - t0) * 1000.0);
         omv_msg_t m = {.type = OMV_MSG_PUSH};
         for (uint32_t sh = 0; sh < j->n_shards; sh++) {
@@ -504,6 +540,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     s.cfg = cfg;
     s.stop = stop;
     omv_blas_set_threads(cfg->threads);
+    omv_rng_init(&s.delay_rng, (uint64_t)getpid() * 0x9e3779b97f4a7c15ULL);
     int64_t deadline = omv_time_ms() + cfg->hello_timeout_ms;
     int r;
     for (;;) {

@@ -14,6 +14,8 @@ typedef struct {
     int heartbeat_ms;     /* heartbeat period while waiting */
     int server_timeout_ms; /* a daemon silent this long while we wait is taken for gone */
     int retry_ms;         /* how long to keep trying to reach it again (0: forever) */
+    int delay_min_ms, delay_max_ms; /* extra time per step, uniform in [min, max]: emulates a
+                                     * slower device (experiments and tests); 0: none */
 } omv_session_config_t;
 
 /* Runs the session to its end. When the daemon goes away (it restarts, or it declared us dead),

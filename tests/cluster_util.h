@@ -1,0 +1,30 @@
+/* Helpers for the integration tests (see cluster_util.c). */
+#pragma once
+
+#include <stddef.h>
+#include <sys/types.h>
+
+extern char test_dir[512];
+extern char job_path[600], sock_path[600], endpoint[600];
+
+const char *bin(const char *env);
+void write_job(int workers, int epochs, const char *cluster_extra);
+void setup(void);
+void teardown(void);
+pid_t spawn(char *const argv[]);
+void sleep_ms(int ms);
+pid_t start_daemon(void);
+pid_t start_worker(const char *role);
+/* A worker that adds delay_ms ("N" or "MIN-MAX") to every step, and takes a daemon silent
+ * for 2 s for gone. */
+pid_t start_worker_slow(const char *role, const char *delay_ms);
+/* A number from the daemon's status. */
+double status_field(const char *key);
+/* Polls status until key >= at_least (fails the test after timeout_ms); returns the value. */
+double wait_status(const char *key, double at_least, int timeout_ms);
+/* A key:value body's text value into out[cap]. Returns 0 or -1 when absent. */
+int text_field(const char *body, const char *key, char *out, size_t cap);
+double field(const char *body, const char *key);
+int has_text(const char *body, const char *text);
+double json_number(const char *json, const char *key);
+int run_ctl(char *out, size_t cap, const char *extra);

@@ -1,0 +1,287 @@
+/* Integration tests of membership and restarts with real processes: workers joining, leaving,
+ * dying and rejoining during training; the staleness bound under random worker speeds; the
+ * daemon killed with SIGKILL and restarted from its checkpoints. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cluster_util.h"
+#include "control.h"
+#include "strbuf.h"
+#include "testutil.h"
+#include "util.h"
+
+static void expect_exit_0(pid_t pid, const char *what)
+{
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s ended with status %d", what,
+                  status);
+}
+
+static void control(const char *line, omv_strbuf_t *body)
+{
+    int r = omv_control_request(sock_path, line, body, 5000);
+    ck_assert_msg(r == 0, "'%s' failed (%s): %s", line, omv_strerror(r), omv_strbuf_str(body));
+}
+
+static void shutdown_daemon(pid_t d)
+{
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("shutdown", &body);
+    omv_strbuf_fini(&body);
+    expect_exit_0(d, "omnivored");
+}
+
+START_TEST(test_join_leave_die_rejoin)
+{
+    /* Slow enough steps (2 ms) that the job lasts while workers come and go. */
+    write_job(2, 40, "groups = 1");
+    pid_t d = start_daemon();
+    pid_t w1 = start_worker_slow("trainer", "2");
+    pid_t w2 = start_worker_slow("trainer", "2");
+    pid_t ev = start_worker("evaluator");
+    wait_status("step", 20, 30000);
+
+    /* A third worker joins the running job and gets a third of the data. */
+    pid_t w3 = start_worker_slow("trainer", "2");
+    wait_status("workers_alive", 3, 10000);
+    double step = status_field("step");
+    wait_status("step", step + 20, 10000);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("workers", &body);
+    const char *s = omv_strbuf_str(&body);
+    ck_assert_msg(has_text(s, "slice_begin:0\nslice_count:1365") &&
+                      has_text(s, "slice_begin:1365\nslice_count:1365") &&
+                      has_text(s, "slice_begin:2730\nslice_count:1366"),
+                  "the 4096 images are not split in three: %s", s);
+
+    /* SIGTERM: it says goodbye and its group does not wait for a timeout. */
+    kill(w3, SIGTERM);
+    expect_exit_0(w3, "the leaving worker");
+    wait_status("leaves_total", 1, 1000);
+    ck_assert_int_eq(status_field("workers_alive"), 2);
+    ck_assert_int_eq(status_field("deaths_total"), 0);
+    control("workers", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "state:left"), "%s", omv_strbuf_str(&body));
+
+    /* A worker that stops answering is declared dead; its group goes on without it. */
+    kill(w1, SIGSTOP);
+    wait_status("deaths_total", 1, 10000);
+    step = status_field("step");
+    wait_status("step", step + 20, 10000);
+    control("workers", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "slice_begin:0\nslice_count:4096"),
+                  "the survivor does not have all the data: %s", omv_strbuf_str(&body));
+
+    /* It comes back: the daemon refuses the dead worker's messages, and it registers again. */
+    kill(w1, SIGCONT);
+    wait_status("rejoins_total", 1, 15000);
+    ck_assert_int_eq(status_field("workers_alive"), 2);
+    ck_assert(status_field("refused_unknown_worker_total") >= 1);
+
+    /* The job finishes, accurately, and everyone still there exits cleanly. */
+    int64_t deadline = omv_time_ms() + 120000;
+    for (;;) {
+        control("status", &body);
+        char state[32] = "";
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            break;
+        ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(&body));
+        ck_assert_msg(omv_time_ms() < deadline, "job did not finish: %s", omv_strbuf_str(&body));
+        sleep_ms(100);
+    }
+    ck_assert_msg(field(omv_strbuf_str(&body), "test_accuracy") > 0.95, "%s",
+                  omv_strbuf_str(&body));
+    ck_assert_msg(field(omv_strbuf_str(&body), "epoch") >= 40.0, "%s", omv_strbuf_str(&body));
+    expect_exit_0(w1, "the rejoined worker");
+    expect_exit_0(w2, "a worker");
+    expect_exit_0(ev, "the evaluator");
+    shutdown_daemon(d);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
+/* Four groups, workers of random and unequal speeds; returns the largest staleness the daemon
+ * served. */
+static double run_groups(const char *staleness)
+{
+    char extra[128];
+    snprintf(extra, sizeof(extra), "groups = 4\nstaleness = %s", staleness);
+    write_job(4, 8, extra);
+    /* A fresh start: the job of the same name before is done, and would be resumed as done. */
+    char ckpt[700];
+    snprintf(ckpt, sizeof(ckpt), "%s/checkpoints", test_dir);
+    omv_test_rmdir(ckpt);
+    pid_t d = start_daemon();
+    pid_t w[4] = {start_worker_slow("trainer", "0-4"), start_worker_slow("trainer", "0-4"),
+                  start_worker_slow("trainer", "1-6"), start_worker_slow("trainer", "6-12")};
+    wait_status("images_total", 8 * 4096, 120000);
+    double seen = status_field("staleness_max_observed");
+    ck_assert_int_eq(status_field("refused_total"), 0);
+    for (int i = 0; i < 4; i++)
+        expect_exit_0(w[i], "a worker");
+    shutdown_daemon(d);
+    return seen;
+}
+
+START_TEST(test_staleness_bound_holds)
+{
+    /* With bound 1, no read is more than one step ahead of the slowest group... */
+    double bounded = run_groups("1");
+    ck_assert_msg(bounded <= 1, "a pull was served %g steps ahead of another group", bounded);
+    ck_assert_msg(bounded == 1, "the workers never drifted apart: the test shows nothing");
+    /* ...while without a bound the fast groups run far ahead of the slow one. */
+    double unbounded = run_groups("none");
+    ck_assert_msg(unbounded > 5, "without a bound the groups stayed within %g steps", unbounded);
+}
+END_TEST
+
+/* ---- the daemon killed and restarted ---- */
+
+#define FMNIST "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
+
+static void write_fashion_job(const char *name)
+{
+    snprintf(job_path, sizeof(job_path), "%s/%s.ini", test_dir, name);
+    FILE *f = fopen(job_path, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "[job]\nname = %s\nepochs = 3\nseed = 11\n"
+            "[model]\nlayers = 784 64 10\n"
+            "[data]\ntrain_limit = 12000\n"
+            "[train]\nbatch_size = 64\nlearning_rate = 0.05\nmomentum = 0.9\n"
+            "[cluster]\nworkers = 2\nworker_timeout_s = 5\n"
+            "[eval]\nevery_epochs = 0\n"
+            "[checkpoint]\nevery_s = 0\nevery_steps = 40\nkeep = 3\n",
+            name);
+    fclose(f);
+    snprintf(sock_path, sizeof(sock_path), "%s/control.sock", test_dir);
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", test_dir);
+}
+
+static double wait_done(void)
+{
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 120000;
+    for (;;) {
+        control("status", &body);
+        char state[32] = "";
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            break;
+        ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(&body));
+        ck_assert_msg(omv_time_ms() < deadline, "job did not finish: %s", omv_strbuf_str(&body));
+        sleep_ms(100);
+    }
+    double acc = field(omv_strbuf_str(&body), "test_accuracy");
+    omv_strbuf_fini(&body);
+    return acc;
+}
+
+static void flip_byte(const char *path, long at)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, at, SEEK_SET), 0);
+    int c = fgetc(f);
+    ck_assert_int_eq(fseek(f, at, SEEK_SET), 0);
+    fputc(c ^ 0x5a, f);
+    fclose(f);
+}
+
+START_TEST(test_daemon_killed_and_restarted)
+{
+    if (access(FMNIST, R_OK) != 0) {
+        fprintf(stderr, "skipped: %s is missing (install dataset-fashion-mnist)\n", FMNIST);
+        return;
+    }
+    /* The reference: the same job, uninterrupted. */
+    write_fashion_job("reference");
+    pid_t d = start_daemon();
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    double reference = wait_done();
+    for (int i = 0; i < 3; i++)
+        expect_exit_0(w[i], "a worker");
+    shutdown_daemon(d);
+
+    /* The same job, with the daemon killed half-way. */
+    write_fashion_job("restarted");
+    d = start_daemon();
+    w[0] = start_worker_slow("trainer", "3");
+    w[1] = start_worker_slow("trainer", "3");
+    w[2] = start_worker("evaluator");
+    wait_status("step", 250, 60000);
+    kill(d, SIGKILL);
+    ck_assert_int_eq(waitpid(d, NULL, 0), d);
+    double step_at_kill = 250; /* at least; a few more may have been done */
+
+    d = start_daemon();
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("status", &body);
+    char resumed[1024] = "";
+    text_field(omv_strbuf_str(&body), "resumed_from", resumed, sizeof(resumed));
+    ck_assert_msg(strstr(resumed, "/checkpoints/restarted/checkpoint-") != NULL,
+                  "did not resume: %s", omv_strbuf_str(&body));
+    /* It lost at most one checkpoint interval (40 steps). */
+    double clock = field(omv_strbuf_str(&body), "group_clocks");
+    ck_assert_msg(clock >= step_at_kill - 40, "resumed at step %g, killed after %g", clock,
+                  step_at_kill);
+    /* The workers find the new daemon on their own and finish the job. */
+    double restarted = wait_done();
+    for (int i = 0; i < 3; i++)
+        expect_exit_0(w[i], "a worker");
+    control("summary --json", &body);
+    ck_assert_msg(json_number(omv_strbuf_str(&body), "epochs") >= 3.0, "%s",
+                  omv_strbuf_str(&body));
+    /* Synchronous training resumes exactly: the checkpoint holds whole steps with their
+     * momentum, and the workers seek their data to the resumed step. So the accuracy is the
+     * uninterrupted run's, not merely within the point the issue allows. */
+    fprintf(stderr, "test_accuracy: uninterrupted %.4f, killed and restarted %.4f\n", reference,
+            restarted);
+    ck_assert_msg(fabs(restarted - reference) < 1e-4,
+                  "accuracy %.4f after a restart, %.4f uninterrupted", restarted, reference);
+    char last[1024] = "";
+    control("status", &body);
+    text_field(omv_strbuf_str(&body), "last_path", last, sizeof(last));
+    shutdown_daemon(d);
+
+    /* The newest checkpoint (the final one) is corrupt: the daemon says so by name and resumes
+     * from the one before. */
+    flip_byte(last, 1000);
+    d = start_daemon();
+    control("status", &body);
+    char now[1024] = "";
+    text_field(omv_strbuf_str(&body), "resumed_from", now, sizeof(now));
+    ck_assert_msg(now[0] != '\0' && strcmp(now, last) != 0, "resumed from %s (corrupt: %s)", now,
+                  last);
+    shutdown_daemon(d);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    Suite *s = suite_create("membership");
+    TCase *tc = tcase_create("processes");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_join_leave_die_rejoin);
+    tcase_add_test(tc, test_staleness_bound_holds);
+    tcase_add_test(tc, test_daemon_killed_and_restarted);
+    suite_add_tcase(s, tc);
+    return omv_test_run(s);
+}
