@@ -727,6 +727,90 @@ START_TEST(test_missing_or_overlong_section)
 }
 END_TEST
 
+/* The checksum catches accidents; a file that is wrong on purpose (or written by a buggy tool)
+ * has a good checksum, and the sizes it states must still agree with the arrays handed back. */
+
+START_TEST(test_param_count_overflow)
+{
+    /* param_count * 4 wraps to 0 in 64 bits, so empty parameter sections "match" it. */
+    char path[4200];
+    snprintf(path, sizeof(path), "%s", ckpt_path(dir, 1));
+    uint64_t clocks[1] = {1};
+    bytes_t b = {0};
+    b_header(&b, OMV_CHECKPOINT_FORMAT, 4);
+    b_meta(&b, 1, 1, UINT64_C(1) << 62, 0);
+    b_section(&b, TAG_CLOCKS, clocks, sizeof(clocks));
+    b_section(&b, TAG_PARAMS, NULL, 0);
+    b_section(&b, TAG_VELOCITY, NULL, 0);
+    b_seal_to(&b, path);
+    omv_checkpoint_t c;
+    memset(&c, 0, sizeof(c));
+    char err[OMV_CHECKPOINT_ERR_MAX] = "";
+    int r = omv_checkpoint_read(&c, path, err);
+    uint64_t count = c.param_count;
+    if (r == 0)
+        omv_checkpoint_fini(&c); /* never touch the arrays: they are shorter than stated */
+    ck_assert_msg(r == -EINVAL,
+                  "a file claiming %" PRIu64 " parameters with empty parameter sections was "
+                  "accepted (read returned %d)",
+                  count, r);
+    ck_assert_msg(strstr(err, path) != NULL, "the error does not name the file: %s", err);
+}
+END_TEST
+
+START_TEST(test_second_meta_section)
+{
+    /* A meta section after the arrays must not change the sizes the arrays were read with. */
+    omv_checkpoint_t want;
+    make(&want, 1, 4, 2, 1, 1);
+    write_ok(&want, dir);
+    omv_checkpoint_fini(&want);
+    bytes_t b = body_of(ckpt_path(dir, 1));
+    b_meta(&b, 1, OMV_CHECKPOINT_MAX_GROUPS, UINT64_C(1) << 20, 1000);
+    b_seal_to(&b, ckpt_path(dir, 1));
+    omv_checkpoint_t c;
+    memset(&c, 0, sizeof(c));
+    char err[OMV_CHECKPOINT_ERR_MAX] = "";
+    int r = omv_checkpoint_read(&c, ckpt_path(dir, 1), err);
+    uint64_t count = c.param_count;
+    uint32_t groups = c.n_groups, history = c.n_history;
+    if (r == 0)
+        omv_checkpoint_fini(&c); /* never touch the arrays: they may be shorter than stated */
+    ck_assert_msg(r < 0 || (count == 4 && groups == 2 && history == 1),
+                  "read returned %d with %" PRIu64 " parameters, %u groups and %u evaluations "
+                  "stated, but the arrays hold 4, 2 and 1",
+                  r, count, groups, history);
+}
+END_TEST
+
+START_TEST(test_repeated_sections_do_not_leak)
+{
+    /* Each array section given twice: whatever the reader makes of it, it frees what it
+     * allocated (valgrind's leak check is what fails here). */
+    omv_checkpoint_t want;
+    make(&want, 1, 4, 2, 2, 1);
+    write_ok(&want, dir);
+    omv_checkpoint_fini(&want);
+    size_t len;
+    unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
+    bytes_t b = body_of(ckpt_path(dir, 1));
+    const uint32_t tags[] = {TAG_CLOCKS,  TAG_PARAMS, TAG_VELOCITY,
+                             TAG_HISTORY, TAG_JOB,    TAG_MEMBERS};
+    for (size_t i = 0; i < OMV_ARRAY_SIZE(tags); i++) {
+        size_t at = section_at(buf, len, tags[i]);
+        uint64_t slen;
+        memcpy(&slen, buf + at + 8, 8);
+        b_put(&b, buf + at, SECTION_BYTES + (size_t)slen);
+    }
+    free(buf);
+    b_seal_to(&b, ckpt_path(dir, 1));
+    omv_checkpoint_t c;
+    char err[OMV_CHECKPOINT_ERR_MAX] = "";
+    if (omv_checkpoint_read(&c, ckpt_path(dir, 1), err) == 0)
+        omv_checkpoint_fini(&c);
+}
+END_TEST
+
 /* ---- the folder ---- */
 
 /* What the bad-checkpoint callback was told. */
@@ -869,6 +953,30 @@ START_TEST(test_load_latest_ignores_other_names)
 }
 END_TEST
 
+START_TEST(test_load_latest_ignores_signed_names)
+{
+    /* strtoull-style parsing reads "-1" as 2^64-1 and "+9" as 9: a file named so would be taken
+     * for the newest checkpoint, resumed from, and kept by prune in place of a real one. */
+    write_seq(dir, 1);
+    write_seq(dir, 2);
+    char other[4200];
+    const char *names[] = {"checkpoint--1.omv", "checkpoint-+9.omv", "checkpoint- 9.omv"};
+    for (size_t i = 0; i < OMV_ARRAY_SIZE(names); i++) {
+        snprintf(other, sizeof(other), "%s/%s", dir, names[i]);
+        copy_file(ckpt_path(dir, 1), other);
+    }
+    bad_log_t log;
+    uint64_t seq = 0;
+    ck_assert_int_eq(load(dir, &log, &seq), 1);
+    ck_assert_msg(seq == 2 && log.calls == 0,
+                  "resumed from checkpoint %" PRIu64 " (%d reported bad), not from 2", seq,
+                  log.calls);
+    ck_assert_int_eq(omv_checkpoint_prune(dir, 1), 1);
+    ck_assert_str_eq(listing(dir), "checkpoint- 9.omv checkpoint-+9.omv checkpoint--1.omv "
+                                   "checkpoint-00000002.omv");
+}
+END_TEST
+
 START_TEST(test_load_latest_numeric_order)
 {
     /* Past eight digits the names no longer sort as text: 100000000 is newer than 99999999. */
@@ -976,6 +1084,17 @@ START_TEST(test_mkdirs_nested)
 }
 END_TEST
 
+START_TEST(test_mkdirs_on_a_file)
+{
+    /* A regular file where the folder should be is not a folder. */
+    char file[4200];
+    snprintf(file, sizeof(file), "%s/file", dir);
+    spill(file, "x", 1);
+    int r = omv_checkpoint_mkdirs(file);
+    ck_assert_msg(r < 0, "mkdirs of the regular file %s returned %d", file, r);
+}
+END_TEST
+
 START_TEST(test_write_where_no_folder_can_be)
 {
     char file[4200], below[4200];
@@ -1025,6 +1144,9 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_not_a_checkpoint);
     tcase_add_test(tc, test_other_format_version);
     tcase_add_test(tc, test_missing_or_overlong_section);
+    tcase_add_test(tc, test_param_count_overflow);
+    tcase_add_test(tc, test_second_meta_section);
+    tcase_add_test(tc, test_repeated_sections_do_not_leak);
     suite_add_tcase(s, tc);
     tc = tcase_create("folder");
     tcase_add_checked_fixture(tc, setup, teardown);
@@ -1033,12 +1155,14 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_load_latest_all_corrupt);
     tcase_add_test(tc, test_load_latest_empty_or_missing);
     tcase_add_test(tc, test_load_latest_ignores_other_names);
+    tcase_add_test(tc, test_load_latest_ignores_signed_names);
     tcase_add_test(tc, test_load_latest_numeric_order);
     tcase_add_test(tc, test_load_latest_skips_unreadable_entry);
     tcase_add_test(tc, test_prune_keeps_newest);
     tcase_add_test(tc, test_prune_removes_stale_tmp);
     tcase_add_test(tc, test_prune_missing_folder);
     tcase_add_test(tc, test_mkdirs_nested);
+    tcase_add_test(tc, test_mkdirs_on_a_file);
     tcase_add_test(tc, test_write_where_no_folder_can_be);
     suite_add_tcase(s, tc);
     return s;
