@@ -148,6 +148,19 @@ static int fsync_dir(const char *dir)
     return r;
 }
 
+/* mkdir that accepts an existing folder, but not an existing file. */
+static int make_dir(const char *path)
+{
+    if (mkdir(path, 0750) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -errno;
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return -errno;
+    return S_ISDIR(st.st_mode) ? 0 : -ENOTDIR;
+}
+
 int omv_checkpoint_mkdirs(const char *dir)
 {
     char path[4096];
@@ -157,13 +170,12 @@ int omv_checkpoint_mkdirs(const char *dir)
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(path, 0750) < 0 && errno != EEXIST)
-            return -errno;
+        int r = make_dir(path);
+        if (r < 0)
+            return r;
         *p = '/';
     }
-    if (mkdir(path, 0750) < 0 && errno != EEXIST)
-        return -errno;
-    return 0;
+    return make_dir(path);
 }
 
 int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path,
@@ -345,6 +357,7 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
 
     reader_t rd = {buf + HEADER_BYTES, buf + body};
     int have_meta = 0, have_clocks = 0, have_params = 0, have_velocity = 0;
+    uint32_t seen = 0; /* bit per known tag: each may appear once */
     while (rd.p < rd.end) {
         int bad = 0;
         uint32_t tag = get_u32(&rd, &bad);
@@ -354,6 +367,11 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
             BAD("%s: section %u runs past the end of the file", path, tag);
         reader_t s = {rd.p, rd.p + slen};
         rd.p += slen;
+        if (tag >= TAG_META && tag <= TAG_MEMBERS) {
+            if (seen & (1u << tag))
+                BAD("%s: section %u appears twice", path, tag);
+            seen |= 1u << tag;
+        }
         switch (tag) {
         case TAG_META:
             c.seq = get_u64(&s, &bad);
@@ -369,7 +387,8 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
             c.n_history = get_u32(&s, &bad);
             bad |= get(&s, c.job_name, sizeof(c.job_name));
             c.job_name[sizeof(c.job_name) - 1] = '\0';
-            if (bad || c.n_groups == 0 || c.n_groups > OMV_CHECKPOINT_MAX_GROUPS)
+            if (bad || c.n_groups == 0 || c.n_groups > OMV_CHECKPOINT_MAX_GROUPS ||
+                c.param_count > OMV_CHECKPOINT_MAX_PARAMS || c.n_history > (1u << 24))
                 BAD("%s: the meta section is malformed", path);
             have_meta = 1;
             break;
@@ -472,11 +491,15 @@ static int list_dir(const char *dir, entry_t **ret_list)
     size_t n = 0, cap = 0;
     struct dirent *de;
     while ((de = readdir(dp)) != NULL) {
-        unsigned long long seq;
-        int end = 0;
-        if (sscanf(de->d_name, "checkpoint-%llu.omv%n", &seq, &end) != 1 ||
-            de->d_name[end] != '\0' || strlen(de->d_name) >= sizeof(list->name))
+        /* checkpoint-<digits>.omv and nothing else (no sign, no spaces, no other suffix). */
+        const char *p = de->d_name;
+        if (strncmp(p, "checkpoint-", 11) != 0 || strlen(p) >= sizeof(list->name))
             continue;
+        p += 11;
+        size_t digits = strspn(p, "0123456789");
+        if (digits == 0 || digits > 19 || strcmp(p + digits, ".omv") != 0)
+            continue;
+        unsigned long long seq = strtoull(p, NULL, 10);
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             entry_t *l = realloc(list, cap * sizeof(*l));

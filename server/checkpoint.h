@@ -9,6 +9,7 @@
 #define OMV_CHECKPOINT_FORMAT 1
 #define OMV_CHECKPOINT_ERR_MAX 512
 #define OMV_CHECKPOINT_MAX_GROUPS 1024
+#define OMV_CHECKPOINT_MAX_PARAMS (1ull << 32)
 
 typedef struct {
     double epoch, wall_s, accuracy, loss;
