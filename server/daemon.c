@@ -897,6 +897,23 @@ static void drain(omv_daemon_t *d)
     }
 }
 
+int omv_daemon_settle(omv_daemon_t *d, int timeout_ms)
+{
+    int64_t deadline = omv_time_ms() + timeout_ms;
+    while (!omv_groups_settled(d->groups)) {
+        if (omv_time_ms() >= deadline)
+            return -ETIMEDOUT;
+        short revents[1];
+        int ready = 0;
+        omv_router_poll(d->router, NULL, 0, revents, &ready, 10);
+        if (ready) {
+            drain(d);
+            progress(d);
+        }
+    }
+    return 0;
+}
+
 int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
 {
     int fds[1] = {omv_control_fd(d->control)};

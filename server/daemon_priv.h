@@ -116,6 +116,10 @@ double omv_daemon_wall_seconds(const omv_daemon_t *d);
 int omv_daemon_live_trainers(const omv_daemon_t *d);
 const char *omv_daemon_member_state(const member_t *m);
 
+/* Handles worker messages for up to timeout_ms until no group is half-way through applying a
+ * step. Returns 0 or -ETIMEDOUT. */
+int omv_daemon_settle(omv_daemon_t *d, int timeout_ms);
+
 /* daemon_status.c: the control socket's commands. */
 int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply);
 

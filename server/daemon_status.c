@@ -223,7 +223,7 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
                               d->job.name);
             return -EAGAIN;
         }
-        if (!omv_groups_settled(d->groups)) {
+        if (omv_daemon_settle(d, 1000) < 0) {
             d->ckpt_due = 1;
             omv_strbuf_printf(reply, "a group is applying a step; the checkpoint will be written "
                                      "when it is done (see status)\n");

@@ -41,7 +41,9 @@ static void usage(FILE *out)
             "  status      daemon, job progress, cluster and refusal counters\n"
             "  workers     every registered worker\n"
             "  summary     the job's result and evaluation history\n"
-            "  shutdown    stop the daemon (its workers stop too)\n\n"
+            "  checkpoint  write a checkpoint now and print its path\n"
+            "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
+            "              wait for it to come back (a finished job's workers have exited)\n\n"
             "  run JOB     start omnivored, N trainers and an evaluator on this machine, train the\n"
             "              job, print its summary and stop them all (default N: the job's workers)\n\n"
             "Options:\n"
@@ -385,7 +387,7 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    static const char *const known[] = {"status", "workers", "summary", "shutdown"};
+    static const char *const known[] = {"status", "workers", "summary", "checkpoint", "shutdown"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
         ok |= strcmp(cmd, known[k]) == 0;

@@ -65,6 +65,14 @@ START_TEST(test_join_leave_die_rejoin)
                       has_text(s, "slice_begin:2730\nslice_count:1366"),
                   "the 4096 images are not split in three: %s", s);
 
+    /* A checkpoint on request lands on disk, where status says. */
+    control("checkpoint", &body);
+    char path[1024] = "";
+    ck_assert_int_eq(text_field(omv_strbuf_str(&body), "path", path, sizeof(path)), 0);
+    ck_assert_msg(strstr(path, "/checkpoints/blobs/checkpoint-") != NULL, "%s", path);
+    ck_assert_int_eq(access(path, R_OK), 0);
+    ck_assert(status_field("written_total") >= 1);
+
     /* SIGTERM: it says goodbye and its group does not wait for a timeout. */
     kill(w3, SIGTERM);
     expect_exit_0(w3, "the leaving worker");
