@@ -1,7 +1,8 @@
 /* Stale synchronous parallel, as a property: seeded simulations of compute groups whose workers
- * run at skewed speeds, leave and join, and push bad gradients, checking at every model read that
- * no update older than the staleness bound allows is missing, that each update is applied once,
- * and that the run never stalls. A failure names the variant, the seed and the event. */
+ * run at skewed speeds, leave and join (also half-way through a step), and push bad gradients,
+ * checking at every model read that no update older than the staleness bound allows is missing,
+ * that each update is applied once, and that the run never stalls. A failure names the variant,
+ * the seed and the event. */
 #include <check.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -16,8 +17,8 @@
 enum { MAX_SHARDS = 8, MAX_WORKERS = 16, MAX_EVENTS = 400000 };
 
 /* OMV_SSP_TRACE=1 prints every event to stderr, to follow a failure by hand: with CK_FORK=no
- * and CK_RUN_CASE=property (or known_bugs) the runs follow each other in the order of the loop
- * index, each starting at "0: w0 joins". */
+ * and CK_RUN_CASE=property (or membership_mid_step) the runs follow each other in the order of
+ * the loop index, each starting at "0: w0 joins". */
 static int trace = -1;
 
 __attribute__((format(printf, 1, 2))) static void trace_line(const char *fmt, ...)
@@ -33,19 +34,24 @@ __attribute__((format(printf, 1, 2))) static void trace_line(const char *fmt, ..
     fputc('\n', stderr);
 }
 
-typedef enum { W_OFF, W_WAIT, W_PUSH } wstate_t;
+/* W_JOIN: joined while part of the group's step was applied (join returned 1). It is in the
+ * group but not a member of that step: it waits, pushing nothing, and becomes W_WAIT when the
+ * group's next step starts, whether the step completes or its last member leaves. */
+typedef enum { W_OFF, W_JOIN, W_WAIT, W_PUSH } wstate_t;
 
 typedef struct {
     wstate_t state;
     uint32_t group;             /* while not W_OFF */
     uint32_t home;              /* the group it first joins and returns to */
-    uint64_t step;              /* W_WAIT: the step to begin; W_PUSH: the step being pushed */
+    uint64_t step;              /* W_JOIN: its first step, the group's clock + 1; W_WAIT: the
+                                   step to begin; W_PUSH: the step being pushed */
     uint32_t next;              /* W_PUSH: how many of order[] were pushed */
     uint32_t order[MAX_SHARDS]; /* the order it pushes the shards of this step in */
     uint64_t push_step;         /* the step pushed_mask is about */
     uint32_t pushed_mask;       /* shards pushed for push_step since it (re)joined */
     uint32_t weight;            /* relative speed: 1 is 10x slower than 10 */
     bool rejoined;              /* left and joined again at least once */
+    bool late;                  /* its last join returned 1 */
 } sim_worker_t;
 
 typedef struct {
@@ -57,7 +63,8 @@ typedef struct {
     bool churn;              /* members leave and join during the first part of the run */
     bool mid_step_churn;     /* ... at any moment; otherwise a worker joins a live group, and a
                                 group's last member leaves, only while no shard of the group's
-                                step is applied yet (the moments the known bugs need) */
+                                step is applied yet (so join always returns 0, and a group that
+                                empties keeps its clock) */
     bool bad_pushes;         /* duplicates, wrong steps and pushes from departed workers */
 } sim_cfg_t;
 
@@ -109,7 +116,12 @@ typedef struct {
     /* How much the run exercised, so that a run which tested nothing fails. */
     uint64_t reads, pushes, reads_after_rejoin, bound_waits, leaves, joins, retires, jumps;
     uint64_t refusals;
-    uint64_t max_spread; /* largest clock difference seen between live groups */
+    uint64_t late_joins;        /* joins that returned 1 */
+    uint64_t late_reads;        /* reads by workers whose last join returned 1: they took part */
+    uint64_t mid_apply_retires; /* groups emptied with part of their step applied */
+    uint64_t reads_after_mid_apply;   /* reads of the step such a group moved on to */
+    uint64_t resumed_at[MAX_WORKERS]; /* [group]: the clock it moved on to then (>= 1; 0: never) */
+    uint64_t max_spread;              /* largest clock difference seen between live groups */
 } sim_t;
 
 __attribute__((format(printf, 3, 4))) static void violation(sim_t *sim, int kind, const char *fmt,
@@ -166,11 +178,17 @@ static void on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contrib
     sim->pend_counted[p] = 0;
 }
 
+static void promote_joiners(sim_t *sim, uint32_t g);
+
 static void on_advance(void *ctx, uint32_t group, uint64_t clock)
 {
     sim_t *sim = ctx;
     sim->n_events_cb++;
     trace_line("  advance g%u to %llu", group, (unsigned long long)clock);
+    if (clock != omv_groups_clock(sim->gs, group))
+        violation(sim, V_CLOCK, "group %u advanced to %llu but its clock is %llu", group,
+                  (unsigned long long)clock, (unsigned long long)omv_groups_clock(sim->gs, group));
+    promote_joiners(sim, group);
     for (uint32_t sh = 0; sh < sim->cfg.shards && clock >= 1 && clock <= sim->steps; sh++)
         if (*applied_at(sim, group, clock - 1, sh) == 0)
             violation(sim, V_CLOCK, "group %u advanced to %llu without shard %u of step %llu",
@@ -196,12 +214,32 @@ static void on_retire(void *ctx, uint32_t group)
 
 /* ---- the workers' view ---- */
 
+/* A member of its group's current step: waited for, and counted by omv_groups_live. */
+static bool is_member(const sim_worker_t *x)
+{
+    return x->state == W_WAIT || x->state == W_PUSH;
+}
+
 static uint32_t live_members(const sim_t *sim, uint32_t g)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < sim->n_workers; i++)
-        n += sim->w[i].state != W_OFF && sim->w[i].group == g;
+        n += is_member(&sim->w[i]) && sim->w[i].group == g;
     return n;
+}
+
+/* The group's next step has started: its newcomers are members from now on. A newcomer whose
+ * first step is not the new clock stays W_JOIN, and check_state reports it. */
+static void promote_joiners(sim_t *sim, uint32_t g)
+{
+    uint64_t c = omv_groups_clock(sim->gs, g);
+    for (uint32_t i = 0; i < sim->n_workers; i++) {
+        sim_worker_t *x = &sim->w[i];
+        if (x->state == W_JOIN && x->group == g && x->step == c) {
+            trace_line("  w%u is a member of g%u from step %llu", i, g, (unsigned long long)c);
+            x->state = W_WAIT;
+        }
+    }
 }
 
 static bool done(const sim_t *sim, const sim_worker_t *w)
@@ -230,7 +268,8 @@ static bool missing_upto(const sim_t *sim, uint32_t h, uint64_t below, char *why
             }
         }
     }
-    /* A live member that has still to do step u <= below will add an update the read lacks. */
+    /* A worker of the group (a member, or a newcomer waiting for its first step) that has still
+     * to do step u <= below will add an update the read lacks. */
     for (uint32_t i = 0; i < sim->n_workers; i++) {
         const sim_worker_t *x = &sim->w[i];
         if (x->state != W_OFF && x->group == h && x->step <= below) {
@@ -253,6 +292,8 @@ static void do_read(sim_t *sim, uint32_t i)
                (unsigned long long)t);
     sim->reads++;
     sim->reads_after_rejoin += w->rejoined;
+    sim->late_reads += w->late;
+    sim->reads_after_mid_apply += t > 0 && sim->resumed_at[g] == t;
     sim->started[gs_index(sim, g, t)] = 1;
     sim->abandoned[gs_index(sim, g, t)] = 0; /* begun again after a retire: due again */
     if (t > 0 && missing_upto(sim, g, t - 1, why, sizeof(why)))
@@ -355,34 +396,70 @@ static void do_push(sim_t *sim, uint32_t i)
     }
 }
 
+/* Whether any shard of group g's current step is applied already. */
+static bool step_under_way(const sim_t *sim, uint32_t g)
+{
+    uint64_t c = omv_groups_clock(sim->gs, g);
+    for (uint32_t sh = 0; c < sim->steps && sh < sim->cfg.shards; sh++)
+        if (*applied_at(sim, g, c, sh) > 0)
+            return true;
+    return false;
+}
+
 static void do_leave(sim_t *sim, uint32_t i)
 {
     sim_worker_t *w = &sim->w[i];
+    uint32_t g = w->group;
+    bool last = is_member(w) && live_members(sim, g) == 1;
+    bool under_way = step_under_way(sim, g);
+    uint64_t old = omv_groups_clock(sim->gs, g);
     w->state = W_OFF;
-    trace_line("%llu: w%u leaves g%u", (unsigned long long)sim->event, i, w->group);
     sim->leaves++;
     omv_groups_leave(sim->gs, i);
+    uint64_t c = omv_groups_clock(sim->gs, g);
+    trace_line("%llu: w%u leaves g%u%s: clock %llu -> %llu", (unsigned long long)sim->event, i, g,
+               last ? " (last)" : "", (unsigned long long)old, (unsigned long long)c);
+    if (last) {
+        /* The documented rule: a group emptied half-way through applying a step counts it done,
+         * so that no shard of it is applied twice; one emptied before any shard keeps its clock,
+         * and the step starts afresh. (Otherwise the clock moves only through advance.) */
+        uint64_t want = under_way ? old + 1 : old;
+        if (c != want)
+            violation(sim, V_CLOCK, "group %u emptied %s at %llu, clock now %llu, expected %llu", g,
+                      under_way ? "mid-apply" : "before any apply", (unsigned long long)old,
+                      (unsigned long long)c, (unsigned long long)want);
+        if (under_way) {
+            sim->mid_apply_retires++;
+            sim->resumed_at[g] = c;
+        }
+        promote_joiners(sim, g);
+    }
     if (sim->cfg.bad_pushes)
-        bad_push(sim, i, omv_groups_clock(sim->gs, w->group), 0, OMV_REFUSE_UNKNOWN_WORKER,
-                 "push from a departed worker");
+        bad_push(sim, i, c, 0, OMV_REFUSE_UNKNOWN_WORKER, "push from a departed worker");
 }
 
 static void do_join(sim_t *sim, uint32_t i, uint32_t g)
 {
     sim_worker_t *w = &sim->w[i];
     bool empty = live_members(sim, g) == 0;
+    bool under_way = !empty && step_under_way(sim, g);
     uint64_t old = omv_groups_clock(sim->gs, g), floor = UINT64_MAX;
     for (uint32_t h = 0; h < sim->cfg.groups; h++)
         if (h != g && live_members(sim, h) > 0 && omv_groups_clock(sim->gs, h) < floor)
             floor = omv_groups_clock(sim->gs, h);
     int rc = omv_groups_join(sim->gs, i, g);
-    if (rc != 0) {
-        violation(sim, V_CLOCK, "worker %u could not join group %u: %d", i, g, rc);
+    /* The documented rule: 1 when part of a live group's step is applied already (an empty
+     * group has nothing of its step applied: it starts it afresh or moved on), 0 otherwise. */
+    int want_rc = under_way ? 1 : 0;
+    if (rc != want_rc)
+        violation(sim, V_CLOCK, "worker %u joined group %u (%s, step %s): %d, expected %d", i, g,
+                  empty ? "empty" : "live", under_way ? "under way" : "not begun", rc, want_rc);
+    if (rc < 0)
         return;
-    }
     uint64_t c = omv_groups_clock(sim->gs, g);
-    trace_line("%llu: w%u joins g%u (%s): clock %llu -> %llu", (unsigned long long)sim->event, i, g,
-               empty ? "empty" : "live", (unsigned long long)old, (unsigned long long)c);
+    trace_line("%llu: w%u joins g%u (%s%s): clock %llu -> %llu", (unsigned long long)sim->event, i,
+               g, empty ? "empty" : "live", rc == 1 ? ", from the next step" : "",
+               (unsigned long long)old, (unsigned long long)c);
     /* The documented rule: an empty group comes back at the slowest live clock if behind it. */
     uint64_t want = empty && floor != UINT64_MAX && old < floor ? floor : old;
     if (c != want)
@@ -390,22 +467,25 @@ static void do_join(sim_t *sim, uint32_t i, uint32_t g)
                   empty ? "empty" : "live", (unsigned long long)c, (unsigned long long)want);
     sim->jumps += c != old;
     sim->joins++;
-    w->state = W_WAIT;
     w->group = g;
-    w->step = c; /* the daemon tells a joining worker its group's clock */
-    w->push_step = c;
-    w->pushed_mask = 0;
     w->rejoined = true;
-}
-
-/* Whether any shard of group g's current step is applied already. */
-static bool step_under_way(sim_t *sim, uint32_t g)
-{
-    uint64_t c = omv_groups_clock(sim->gs, g);
-    for (uint32_t sh = 0; c < sim->steps && sh < sim->cfg.shards; sh++)
-        if (*applied_at(sim, g, c, sh) > 0)
-            return true;
-    return false;
+    w->late = rc == 1;
+    w->pushed_mask = 0;
+    if (rc == 0) {
+        w->state = W_WAIT;
+        w->step = c; /* the daemon tells a joining worker its group's clock */
+    } else {
+        /* Its first step is the group's next: a gradient for this one could go into no update. */
+        sim->late_joins++;
+        w->state = W_JOIN;
+        w->step = c + 1;
+        if (sim->cfg.bad_pushes) {
+            uint32_t sh = omv_rng_below(&sim->rng, sim->cfg.shards);
+            bad_push(sim, i, c, sh, OMV_REFUSE_STEP, "newcomer's push for the step under way");
+            bad_push(sim, i, c + 1, sh, OMV_REFUSE_STEP, "newcomer's push before its first step");
+        }
+    }
+    w->push_step = w->step;
 }
 
 static bool may_join(sim_t *sim, uint32_t g)
@@ -416,11 +496,60 @@ static bool may_join(sim_t *sim, uint32_t g)
 static bool may_leave(sim_t *sim, uint32_t i)
 {
     uint32_t g = sim->w[i].group;
-    return sim->cfg.mid_step_churn || live_members(sim, g) > 1 || !step_under_way(sim, g);
+    return sim->cfg.mid_step_churn || !is_member(&sim->w[i]) || live_members(sim, g) > 1 ||
+           !step_under_way(sim, g);
+}
+
+static void check_state(sim_t *sim);
+
+/* Mid-step variants seek the moments the membership rules are about, which churn at random
+ * moments seldom meets (a shard is applied only once every member pushed it, so a step is
+ * half-applied briefly). Their churn picks a group half-way through applying a step, if there is
+ * one, and either moves a worker of another group (or one that is off) into it, so that it joins
+ * with the next step, or restarts the step's members (their host went down and came back: they
+ * leave, emptying the group mid-apply, and join it again at once, the moment a step applied in
+ * part could be redone; its newcomers stay). Returns false, doing nothing, when no group is
+ * half-way. */
+static bool seek_mid_step(sim_t *sim)
+{
+    uint32_t cand[MAX_WORKERS], n = 0;
+    for (uint32_t h = 0; h < sim->cfg.groups; h++)
+        if (live_members(sim, h) > 0 && step_under_way(sim, h))
+            cand[n++] = h;
+    if (n == 0)
+        return false;
+    uint32_t g = cand[omv_rng_below(&sim->rng, n)];
+    uint32_t pick[MAX_WORKERS], m = 0;
+    for (uint32_t j = 0; j < sim->n_workers; j++)
+        if (sim->w[j].state == W_OFF || sim->w[j].group != g)
+            pick[m++] = j;
+    if (m > 0 && omv_rng_below(&sim->rng, 2) == 0) {
+        uint32_t j = pick[omv_rng_below(&sim->rng, m)];
+        if (sim->w[j].state != W_OFF) {
+            do_leave(sim, j);
+            check_state(sim);
+        }
+        do_join(sim, j, g);
+        return true;
+    }
+    m = 0;
+    for (uint32_t j = 0; j < sim->n_workers; j++)
+        if (is_member(&sim->w[j]) && sim->w[j].group == g)
+            pick[m++] = j;
+    trace_line("%llu: the members of g%u restart", (unsigned long long)sim->event, g);
+    for (uint32_t k = 0; k < m; k++) {
+        do_leave(sim, pick[k]);
+        check_state(sim);
+    }
+    for (uint32_t k = 0; k < m; k++) {
+        do_join(sim, pick[k], g);
+        check_state(sim);
+    }
+    return true;
 }
 
 /* Invariants after every event: membership and clocks as the workers see them, and no shard
- * that every live member pushed still waiting. */
+ * that every member of the step pushed still waiting. */
 static void check_state(sim_t *sim)
 {
     uint64_t lo = UINT64_MAX, hi = 0;
@@ -440,7 +569,7 @@ static void check_state(sim_t *sim)
             bool all = true;
             for (uint32_t i = 0; i < sim->n_workers && all; i++) {
                 const sim_worker_t *x = &sim->w[i];
-                if (x->state != W_OFF && x->group == g)
+                if (is_member(x) && x->group == g)
                     all = x->push_step == c && (x->pushed_mask >> sh & 1u);
             }
             if (all && *applied_at(sim, g, c, sh) == 0)
@@ -454,12 +583,21 @@ static void check_state(sim_t *sim)
         sim->max_spread = hi - lo;
     for (uint32_t i = 0; i < sim->n_workers; i++) {
         const sim_worker_t *x = &sim->w[i];
+        int want_group = x->state == W_OFF ? -1 : (int)x->group;
+        if (omv_groups_of(sim->gs, i) != want_group)
+            violation(sim, V_CLOCK, "slot %u: the groups object says group %d, the worker %d", i,
+                      omv_groups_of(sim->gs, i), want_group);
         if (x->state == W_OFF)
             continue;
         uint64_t c = omv_groups_clock(sim->gs, x->group);
-        if (!(x->step == c || (x->state == W_WAIT && x->step == c + 1)))
+        bool ok = x->state == W_JOIN ? x->step == c + 1
+                                     : x->step == c || (x->state == W_WAIT && x->step == c + 1);
+        if (!ok)
             violation(sim, V_CLOCK, "worker %u at step %llu (%s) but group %u at %llu", i,
-                      (unsigned long long)x->step, x->state == W_WAIT ? "waiting" : "pushing",
+                      (unsigned long long)x->step,
+                      x->state == W_JOIN   ? "joining"
+                      : x->state == W_WAIT ? "waiting"
+                                           : "pushing",
                       x->group, (unsigned long long)c);
     }
 }
@@ -475,6 +613,7 @@ static void describe(const sim_t *sim, char *out, size_t cap)
         const sim_worker_t *x = &sim->w[i];
         n += (size_t)snprintf(out + n, cap - n, " w%u:%s", i,
                               x->state == W_OFF    ? "off"
+                              : x->state == W_JOIN ? "join"
                               : x->state == W_WAIT ? "wait"
                                                    : "push");
         if (x->state != W_OFF && n < cap)
@@ -518,18 +657,21 @@ static void sim_run(sim_t *sim, const sim_cfg_t *cfg, uint64_t seed)
     }
     sim->joins = 0;
 
-    /* Members come and go during the first half of the expected run. */
+    /* Members come and go during the first half of the expected run; twice as often where they
+     * seek the mid-step moments, so that every seed meets them. */
     uint64_t churn_until =
         cfg->churn ? (uint64_t)sim->n_workers * cfg->target * (cfg->shards + 1) / 2 : 0;
     uint32_t acting[MAX_WORKERS];
     for (sim->event = 0; sim->event < MAX_EVENTS; sim->event++) {
-        if (sim->event < churn_until && omv_rng_below(&sim->rng, 64) == 0) {
+        if (sim->event < churn_until &&
+            omv_rng_below(&sim->rng, cfg->mid_step_churn ? 32 : 64) == 0) {
             uint32_t i = omv_rng_below(&sim->rng, sim->n_workers);
             uint32_t g = omv_rng_below(&sim->rng, 4) == 0 ? omv_rng_below(&sim->rng, cfg->groups)
                                                           : sim->w[i].home;
-            if (sim->w[i].state != W_OFF && may_leave(sim, i))
+            bool sought = cfg->mid_step_churn && seek_mid_step(sim);
+            if (!sought && sim->w[i].state != W_OFF && may_leave(sim, i))
                 do_leave(sim, i);
-            else if (sim->w[i].state == W_OFF && may_join(sim, g))
+            else if (!sought && sim->w[i].state == W_OFF && may_join(sim, g))
                 do_join(sim, i, g);
             check_state(sim);
             continue;
@@ -549,6 +691,8 @@ static void sim_run(sim_t *sim, const sim_cfg_t *cfg, uint64_t seed)
             if (may_act(sim, w)) {
                 acting[n++] = i;
                 total += w->weight;
+            } else if (w->state == W_JOIN) {
+                waiting++; /* for its group's step to complete */
             } else if (w->state == W_WAIT && !done(sim, w)) {
                 waiting++;
                 /* Waiting although its own group is ready: the bound holds it back. */
@@ -598,12 +742,15 @@ static uint32_t report(const sim_t *sim, char *out, size_t cap)
     size_t n = (size_t)snprintf(
         out, cap,
         "variant %s seed %llu (%llu events, %llu reads, %llu pushes, %llu leaves, %llu joins, "
-        "%llu retires, %llu clock jumps, %llu bad pushes):",
+        "%llu retires, %llu clock jumps, %llu bad pushes, %llu joins mid-step with %llu reads "
+        "after, %llu groups emptied mid-apply with %llu reads after):",
         sim->cfg.name, (unsigned long long)sim->seed, (unsigned long long)sim->event,
         (unsigned long long)sim->reads, (unsigned long long)sim->pushes,
         (unsigned long long)sim->leaves, (unsigned long long)sim->joins,
         (unsigned long long)sim->retires, (unsigned long long)sim->jumps,
-        (unsigned long long)sim->refusals);
+        (unsigned long long)sim->refusals, (unsigned long long)sim->late_joins,
+        (unsigned long long)sim->late_reads, (unsigned long long)sim->mid_apply_retires,
+        (unsigned long long)sim->reads_after_mid_apply);
     for (int k = 0; k < V_COUNT; k++) {
         total += sim->v_count[k];
         if (sim->v_count[k] > 0 && n < cap)
@@ -625,8 +772,9 @@ enum { N_SEEDS = sizeof(seeds) / sizeof(seeds[0]) };
         .bad_pushes = bad_                                                                         \
     }
 
-/* Groups x workers per group x shards, bound, target step. Churn here happens at the moments
- * the known bugs below do not need, so that these runs say whether the bound holds. */
+/* Groups x workers per group x shards, bound, target step. Churn here happens only while no
+ * shard of the group's step is applied, so every join returns 0 and no group is emptied
+ * mid-apply: these runs say whether the bound holds without the mid-step rules. */
 static const sim_cfg_t variants[] = {
     VARIANT("lock-step", 4, 3, 3, 0, 120, false, false, false),
     VARIANT("s=1", 4, 3, 3, 1, 120, false, false, false),
@@ -641,7 +789,8 @@ static const sim_cfg_t variants[] = {
 };
 enum { N_VARIANTS = sizeof(variants) / sizeof(variants[0]) };
 
-/* The same with members leaving and joining at any moment: these fail on the known bugs. */
+/* The same with members leaving and joining at any moment, seeking the moments the mid-step
+ * rules are about: a newcomer joins with the next step, an emptied group counts the step done. */
 static const sim_cfg_t mid_step_variants[] = {
     VARIANT("mid-step churn s=0", 4, 3, 3, 0, 120, true, true, true),
     VARIANT("mid-step churn s=3", 4, 3, 2, 3, 120, true, true, true),
@@ -679,6 +828,15 @@ static void check_variant(const sim_cfg_t *cfg, uint64_t seed)
                       (unsigned long long)sim.retires);
     if (cfg->bad_pushes)
         ck_assert_msg(sim.refusals > 0, "%s no bad push was tried", msg);
+    /* Churn at any moment must reach the two moments the membership rules are about: a worker
+     * joining a half-applied step and then taking part, and a group emptied mid-apply that is
+     * read again at the step it moved on to. Without it, none of that can happen. */
+    if (cfg->mid_step_churn)
+        ck_assert_msg(sim.late_reads > 0 && sim.reads_after_mid_apply > 0,
+                      "%s the mid-step moments did not happen", msg);
+    else
+        ck_assert_msg(sim.late_joins == 0 && sim.mid_apply_retires == 0,
+                      "%s churn happened mid-step in a variant that avoids it", msg);
 }
 
 /* _i runs over variants x seeds. */
@@ -688,7 +846,7 @@ START_TEST(test_property)
 }
 END_TEST
 
-/* KNOWN BUGS in server/groups.c (see test_bug_* below): fails until they are fixed. */
+/* _i runs over mid_step_variants x seeds. */
 START_TEST(test_property_mid_step_churn)
 {
     check_variant(&mid_step_variants[_i / N_SEEDS], seeds[_i % N_SEEDS]);
@@ -760,97 +918,210 @@ START_TEST(test_rejoin_at_slowest_clock)
 }
 END_TEST
 
-/* ---- minimal reproductions of the known bugs ---- */
+/* ---- the mid-step membership rules, step by step ---- */
 
-/* Applies per [group][step][shard] and contributors per step, from the groups' own clock. */
-static omv_groups_t *bug_gs;
-static uint32_t bug_applies[2][4][2], bug_contributors[4];
+/* What the groups object fired: applies per [group][step][shard], the contributors they were
+ * applied with, advances and retires. Steps come from the groups' own clock. */
+static omv_groups_t *rec_gs;
+static uint32_t rec_applies[1][4][2], rec_contributors[1][4][2], rec_advances, rec_retires;
 
-static void bug_on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors)
+static void rec_on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors)
 {
-    uint64_t step = omv_groups_clock(bug_gs, group);
+    (void)ctx;
+    uint64_t step = omv_groups_clock(rec_gs, group);
+    ck_assert_uint_eq(group, 0);
     ck_assert_uint_lt(step, 4);
-    bug_applies[group][step][shard]++;
-    bug_contributors[step] += contributors;
+    rec_applies[group][step][shard]++;
+    rec_contributors[group][step][shard] += contributors;
 }
 
-static omv_groups_t *bug_make(uint32_t slots, uint32_t groups, uint32_t shards)
+static void rec_on_advance(void *ctx, uint32_t group, uint64_t clock)
 {
-    omv_groups_events_t ev = {bug_on_apply, NULL, NULL, NULL};
-    memset(bug_applies, 0, sizeof(bug_applies));
-    memset(bug_contributors, 0, sizeof(bug_contributors));
-    bug_gs = omv_groups_new(slots, groups, shards, 0, &ev);
-    ck_assert_ptr_nonnull(bug_gs);
-    return bug_gs;
+    (void)ctx;
+    (void)group;
+    (void)clock;
+    rec_advances++;
 }
 
-/* Checks and records a push; returns whether it was accepted. */
-static bool bug_push(omv_groups_t *g, uint32_t slot, uint64_t step, uint32_t shard)
+static void rec_on_retire(void *ctx, uint32_t group)
 {
-    char why[OMV_WIRE_REASON_MAX];
-    if (omv_groups_check_push(g, slot, step, shard, why) != OMV_REFUSE_NONE)
-        return false;
-    omv_groups_record_push(g, slot, shard, true);
-    return true;
+    (void)ctx;
+    (void)group;
+    rec_retires++;
 }
 
-/* KNOWN BUG in server/groups.c: a group whose last member leaves after some shards of step t
- * were applied keeps clock t and forgets which shards it applied (omv_groups_leave clears
- * applied[]); a worker that joins it again begins step t afresh, and the shards applied before
- * are applied a second time for the same step, against "a group's update for step t is applied
- * once". */
-START_TEST(test_bug_rejoin_reapplies_a_shard)
+/* One group of two shards, bound 0. */
+static omv_groups_t *rec_make(uint32_t slots)
 {
-    omv_groups_t *g = bug_make(1, 1, 2);
+    omv_groups_events_t ev = {rec_on_apply, rec_on_advance, rec_on_retire, NULL};
+    memset(rec_applies, 0, sizeof(rec_applies));
+    memset(rec_contributors, 0, sizeof(rec_contributors));
+    rec_advances = rec_retires = 0;
+    rec_gs = omv_groups_new(slots, 1, 2, 0, &ev);
+    ck_assert_ptr_nonnull(rec_gs);
+    return rec_gs;
+}
+
+/* Checks a push; records it when accepted. Returns the verdict. */
+static omv_refuse_t rec_push(omv_groups_t *g, uint32_t slot, uint64_t step, uint32_t shard)
+{
+    char why[OMV_WIRE_REASON_MAX] = "";
+    omv_refuse_t r = omv_groups_check_push(g, slot, step, shard, why);
+    if (r == OMV_REFUSE_NONE)
+        omv_groups_record_push(g, slot, shard, true);
+    else
+        ck_assert_msg(why[0] != '\0', "refused without a reason");
+    return r;
+}
+
+/* Found by the property (it was a bug): a group whose last member leaves after shard 0 of step 0
+ * was applied, and not shard 1, counts step 0 done (clock 1, retire and no advance), so a worker
+ * that joins it again begins step 1 and shard 0 of step 0 is never applied a second time. */
+START_TEST(test_emptied_mid_apply_counts_the_step)
+{
+    omv_groups_t *g = rec_make(1);
     ck_assert_int_eq(omv_groups_join(g, 0, 0), 0);
-    ck_assert(bug_push(g, 0, 0, 0)); /* shard 0 of step 0 is applied */
-    ck_assert_uint_eq(bug_applies[0][0][0], 1);
+    ck_assert_int_eq(rec_push(g, 0, 0, 0), OMV_REFUSE_NONE); /* shard 0 of step 0 is applied */
+    ck_assert_uint_eq(rec_applies[0][0][0], 1);
+    ck_assert(!omv_groups_settled(g));
     omv_groups_leave(g, 0); /* before it pushed shard 1: the group retires */
-    ck_assert_int_eq(omv_groups_join(g, 0, 0), 0);
-    /* The worker begins whatever step the group is at now (today: 0 again). */
-    uint64_t c = omv_groups_clock(g, 0);
-    ck_assert(omv_groups_may_begin(g, 0, c));
-    ck_assert(bug_push(g, 0, c, 0));
-    ck_assert(bug_push(g, 0, c, 1));
+    ck_assert_uint_eq(rec_retires, 1);
+    ck_assert_uint_eq(rec_advances, 0);
+    ck_assert_uint_eq(omv_groups_clock(g, 0), 1);
+    ck_assert_uint_eq(omv_groups_live(g, 0), 0);
+    ck_assert(omv_groups_settled(g));
+    ck_assert_int_eq(omv_groups_join(g, 0, 0), 0); /* nothing of step 1 applied: a member now */
+    ck_assert_uint_eq(omv_groups_clock(g, 0), 1);
+    ck_assert(!omv_groups_may_begin(g, 0, 0));
+    ck_assert(omv_groups_may_begin(g, 0, 1));
+    ck_assert_int_eq(rec_push(g, 0, 0, 0), OMV_REFUSE_STEP); /* step 0 is done */
+    ck_assert_int_eq(rec_push(g, 0, 0, 1), OMV_REFUSE_STEP);
+    ck_assert_int_eq(rec_push(g, 0, 1, 0), OMV_REFUSE_NONE);
+    ck_assert_int_eq(rec_push(g, 0, 1, 1), OMV_REFUSE_NONE);
     uint64_t clock = omv_groups_clock(g, 0);
     omv_groups_destroy(&g); /* before the asserts, so that a failure leaks nothing */
-    ck_assert_uint_eq(clock, c + 1);
-    ck_assert_msg(bug_applies[0][0][0] == 1,
-                  "BUG groups.c: shard 0 of group 0's step 0 applied %u times (retire, rejoin at "
-                  "the same clock, step redone)",
-                  bug_applies[0][0][0]);
+    ck_assert_uint_eq(clock, 2);
+    ck_assert_uint_eq(rec_advances, 1);
+    ck_assert_msg(rec_applies[0][0][0] == 1, "shard 0 of step 0 applied %u times",
+                  rec_applies[0][0][0]);
+    ck_assert_uint_eq(rec_applies[0][0][1], 0); /* retired with the step: never applied */
+    ck_assert_uint_eq(rec_applies[0][1][0], 1);
+    ck_assert_uint_eq(rec_applies[0][1][1], 1);
 }
 END_TEST
 
-/* KNOWN BUG in server/groups.c: a worker that joins a live group after some shards of the
- * group's step were applied may begin that step (its clock is the group's), and its push of an
- * applied shard is accepted (check_push looks only at its own pushed flags) but goes into no
- * update: record_push counts it for a shard already applied. In the daemon the gradient stays
- * in the shard's pending sum and is applied with the next step, divided by that step's
- * contributors. And the group may advance while the newcomer is still pushing the step, so its
- * later pushes are refused as the wrong step. */
-START_TEST(test_bug_join_mid_step_loses_a_gradient)
+/* The other half of the rule: a group emptied before any shard of its step was applied keeps its
+ * clock, and the step starts afresh, with the gradients pushed before forgotten. */
+START_TEST(test_emptied_before_apply_keeps_the_step)
 {
-    omv_groups_t *g = bug_make(3, 1, 2);
+    omv_groups_t *g = rec_make(2);
     ck_assert_int_eq(omv_groups_join(g, 0, 0), 0);
     ck_assert_int_eq(omv_groups_join(g, 1, 0), 0);
-    uint32_t accepted = 0;
-    accepted += bug_push(g, 0, 0, 0);
-    accepted += bug_push(g, 1, 0, 0); /* shard 0 of step 0 is applied, x2 */
-    ck_assert_uint_eq(bug_applies[0][0][0], 1);
-    ck_assert_int_eq(omv_groups_join(g, 2, 0), 0);
-    ck_assert_uint_eq(omv_groups_clock(g, 0), 0); /* joining a live group leaves its clock */
+    ck_assert_int_eq(rec_push(g, 0, 0, 0), OMV_REFUSE_NONE); /* waits for slot 1 */
+    omv_groups_leave(g, 0);
+    omv_groups_leave(g, 1);
+    ck_assert_uint_eq(rec_retires, 1);
+    ck_assert_uint_eq(omv_groups_clock(g, 0), 0);
+    ck_assert_int_eq(omv_groups_join(g, 1, 0), 0);
     ck_assert(omv_groups_may_begin(g, 0, 0));
-    accepted += bug_push(g, 2, 0, 0); /* the newcomer's step 0, shard 0 */
-    for (uint32_t slot = 0; slot < 3; slot++)
-        accepted += bug_push(g, slot, 0, 1);
+    ck_assert_int_eq(rec_push(g, 1, 0, 0), OMV_REFUSE_NONE);
+    ck_assert_int_eq(rec_push(g, 1, 0, 1), OMV_REFUSE_NONE);
     uint64_t clock = omv_groups_clock(g, 0);
     omv_groups_destroy(&g);
     ck_assert_uint_eq(clock, 1);
-    ck_assert_msg(accepted == bug_contributors[0],
-                  "BUG groups.c: %u gradients of step 0 accepted, %u went into its updates "
-                  "(a push for a shard applied before the pusher joined was accepted)",
-                  accepted, bug_contributors[0]);
+    ck_assert_uint_eq(rec_advances, 1);
+    ck_assert_uint_eq(rec_applies[0][0][0], 1);
+    ck_assert_uint_eq(rec_applies[0][0][1], 1);
+    ck_assert_uint_eq(rec_contributors[0][0][0], 1); /* slot 0's push went with the retire */
+}
+END_TEST
+
+/* A newcomer waiting for the next step when the last member leaves mid-apply is a member of the
+ * step the group moves on to, and alone completes it. */
+START_TEST(test_emptied_mid_apply_keeps_its_newcomer)
+{
+    omv_groups_t *g = rec_make(2);
+    ck_assert_int_eq(omv_groups_join(g, 0, 0), 0);
+    ck_assert_int_eq(rec_push(g, 0, 0, 0), OMV_REFUSE_NONE);
+    ck_assert_int_eq(omv_groups_join(g, 1, 0), 1);
+    omv_groups_leave(g, 0);
+    ck_assert_uint_eq(rec_retires, 1);
+    ck_assert_uint_eq(omv_groups_clock(g, 0), 1);
+    ck_assert_uint_eq(omv_groups_live(g, 0), 1);
+    ck_assert_int_eq(omv_groups_of(g, 1), 0);
+    ck_assert(omv_groups_may_begin(g, 0, 1));
+    ck_assert_int_eq(rec_push(g, 1, 1, 0), OMV_REFUSE_NONE);
+    ck_assert_int_eq(rec_push(g, 1, 1, 1), OMV_REFUSE_NONE);
+    uint64_t clock = omv_groups_clock(g, 0);
+    omv_groups_destroy(&g);
+    ck_assert_uint_eq(clock, 2);
+    ck_assert_uint_eq(rec_applies[0][0][0], 1);
+    ck_assert_uint_eq(rec_applies[0][0][1], 0);
+    ck_assert_uint_eq(rec_applies[0][1][0], 1);
+    ck_assert_uint_eq(rec_applies[0][1][1], 1);
+}
+END_TEST
+
+/* Found by the property (it was a bug): a worker that joins a live group after shard 0 of its
+ * step was applied is no member of that step (join returns 1). Its pushes are refused as the
+ * wrong step until the next step starts, so every accepted gradient goes into exactly one
+ * update; it is not waited for, and from the next step on it takes part like everyone. A
+ * newcomer that leaves before then is simply removed. */
+START_TEST(test_join_mid_step_starts_with_the_next_step)
+{
+    omv_groups_t *g = rec_make(4);
+    ck_assert_int_eq(omv_groups_join(g, 0, 0), 0);
+    ck_assert_int_eq(omv_groups_join(g, 1, 0), 0);
+    uint32_t accepted[2] = {0, 0};
+    accepted[0] += rec_push(g, 0, 0, 0) == OMV_REFUSE_NONE;
+    accepted[0] += rec_push(g, 1, 0, 0) == OMV_REFUSE_NONE; /* shard 0 of step 0 is applied */
+    ck_assert_uint_eq(rec_applies[0][0][0], 1);
+    ck_assert_int_eq(omv_groups_join(g, 2, 0), 1);
+    ck_assert_int_eq(omv_groups_join(g, 3, 0), 1);
+    ck_assert_uint_eq(omv_groups_clock(g, 0), 0); /* joining a live group leaves its clock */
+    ck_assert_uint_eq(omv_groups_live(g, 0), 2);
+    ck_assert_int_eq(omv_groups_of(g, 2), 0);
+    ck_assert(!omv_groups_may_begin(g, 0, 1)); /* the newcomer's first step is not begun yet */
+    /* Early pushes: for the applied shard, the shard still gathered, and the next step. */
+    ck_assert_int_eq(rec_push(g, 2, 0, 0), OMV_REFUSE_STEP);
+    ck_assert_int_eq(rec_push(g, 2, 0, 1), OMV_REFUSE_STEP);
+    ck_assert_int_eq(rec_push(g, 2, 1, 1), OMV_REFUSE_STEP);
+    omv_groups_leave(g, 3); /* a newcomer leaving changes nothing for the step */
+    ck_assert_int_eq(omv_groups_of(g, 3), -1);
+    ck_assert_uint_eq(omv_groups_live(g, 0), 2);
+    ck_assert_uint_eq(rec_retires, 0);
+    ck_assert_int_eq(rec_push(g, 3, 0, 1), OMV_REFUSE_UNKNOWN_WORKER);
+    /* Step 0 completes with its two members; the newcomer is not waited for. */
+    accepted[0] += rec_push(g, 0, 0, 1) == OMV_REFUSE_NONE;
+    ck_assert_uint_eq(rec_applies[0][0][1], 0);
+    accepted[0] += rec_push(g, 1, 0, 1) == OMV_REFUSE_NONE;
+    ck_assert_uint_eq(omv_groups_clock(g, 0), 1);
+    ck_assert_uint_eq(omv_groups_live(g, 0), 3);
+    ck_assert(omv_groups_may_begin(g, 0, 1));
+    /* Step 1 waits for the newcomer too. */
+    for (uint32_t slot = 0; slot < 3; slot++)
+        accepted[1] += rec_push(g, slot, 1, 0) == OMV_REFUSE_NONE;
+    for (uint32_t slot = 0; slot < 2; slot++)
+        accepted[1] += rec_push(g, slot, 1, 1) == OMV_REFUSE_NONE;
+    ck_assert_uint_eq(rec_applies[0][1][1], 0);
+    accepted[1] += rec_push(g, 2, 1, 1) == OMV_REFUSE_NONE;
+    uint64_t clock = omv_groups_clock(g, 0);
+    omv_groups_destroy(&g);
+    ck_assert_uint_eq(clock, 2);
+    ck_assert_uint_eq(rec_advances, 2);
+    for (uint32_t step = 0; step < 2; step++) {
+        uint32_t into = 0;
+        for (uint32_t sh = 0; sh < 2; sh++) {
+            ck_assert_uint_eq(rec_applies[0][step][sh], 1);
+            into += rec_contributors[0][step][sh];
+        }
+        ck_assert_msg(accepted[step] == into,
+                      "%u gradients of step %u accepted, %u went into its updates", accepted[step],
+                      step, into);
+    }
+    ck_assert_uint_eq(accepted[0], 4);
+    ck_assert_uint_eq(accepted[1], 6);
+    ck_assert_uint_eq(rec_contributors[0][1][0], 3); /* the newcomer's gradient is in step 1 */
 }
 END_TEST
 
@@ -862,9 +1133,11 @@ static Suite *ssp_suite(void)
     tcase_add_loop_test(tc, test_checker_catches_a_looser_bound, 0, N_SEEDS);
     tcase_add_test(tc, test_rejoin_at_slowest_clock);
     suite_add_tcase(s, tc);
-    tc = tcase_create("known_bugs");
-    tcase_add_test(tc, test_bug_rejoin_reapplies_a_shard);
-    tcase_add_test(tc, test_bug_join_mid_step_loses_a_gradient);
+    tc = tcase_create("membership_mid_step");
+    tcase_add_test(tc, test_emptied_mid_apply_counts_the_step);
+    tcase_add_test(tc, test_emptied_before_apply_keeps_the_step);
+    tcase_add_test(tc, test_emptied_mid_apply_keeps_its_newcomer);
+    tcase_add_test(tc, test_join_mid_step_starts_with_the_next_step);
     tcase_add_loop_test(tc, test_property_mid_step_churn, 0, N_MID_STEP * N_SEEDS);
     suite_add_tcase(s, tc);
     return s;
