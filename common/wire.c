@@ -144,6 +144,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         params.group = p->group;
         params.slice_begin = p->slice_begin;
         params.slice_count = p->slice_count;
+        params.batch = p->batch;
         env.params = &params;
         break;
     }
@@ -283,7 +284,7 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
     case OMNIVORE__ENVELOPE__BODY_PARAMS: {
         const Omnivore__Params *p = env->params;
         m->u.params = (omv_params_t){p->step,  p->shard,       p->offset,      p->count,
-                                     p->group, p->slice_begin, p->slice_count};
+                                     p->group, p->slice_begin, p->slice_count, p->batch};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {

@@ -98,6 +98,7 @@ typedef struct {
     uint32_t shard, offset, count; /* count floats follow */
     uint32_t group;
     uint32_t slice_begin, slice_count;
+    uint32_t batch; /* images to compute this step */
 } omv_params_t;
 
 typedef struct {

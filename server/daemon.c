@@ -127,11 +127,14 @@ static void send_params(omv_daemon_t *d, member_t *m, uint64_t step)
             step - c > d->staleness_max_observed)
             d->staleness_max_observed = step - c;
     }
+    /* The group's batch is the job's, whoever is in it: its live members share it. */
+    uint32_t live = omv_groups_live(d->groups, group);
+    uint32_t batch = (uint32_t)d->job.batch_size / (live ? live : 1);
     omv_msg_t p = {.type = OMV_MSG_PARAMS};
     for (uint32_t s = 0; s < d->n_shards; s++) {
         const omv_shard_t *sh = &d->shards[s];
         p.u.params = (omv_params_t){step,  s,     sh->offset, sh->count, group, m->slice_begin,
-                                    m->slice_count};
+                                    m->slice_count, batch ? batch : 1};
         send_to(d, m, &m->peer, &p, sh->params);
     }
 }
@@ -371,7 +374,7 @@ static void fill_jobspec(const omv_daemon_t *d, omv_jobspec_t *j)
     omv_strlcpy(j->train_labels, d->job.train_labels, sizeof(j->train_labels));
     omv_strlcpy(j->test_images, d->job.test_images, sizeof(j->test_images));
     omv_strlcpy(j->test_labels, d->job.test_labels, sizeof(j->test_labels));
-    j->batch_size = d->worker_batch;
+    j->batch_size = (uint32_t)d->job.batch_size; /* the most a worker is given per step */
     j->seed = (uint64_t)d->job.seed;
     j->param_count = (uint32_t)d->layout.param_count;
     j->n_shards = d->n_shards;

@@ -204,8 +204,10 @@ omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint
     uint32_t group = (uint32_t)self->slot_group[slot];
     const group_t *gr = &self->groups[group];
     if (self->joining[slot]) {
-        snprintf(why, OMV_WIRE_REASON_MAX, "slot %u joins group %u with step %llu, not %llu",
-                 slot, group, (unsigned long long)gr->clock + 1, (unsigned long long)step);
+        snprintf(why, OMV_WIRE_REASON_MAX,
+                 "slot %u joins group %u with step %llu, which has not started (group at step "
+                 "%llu)", slot, group, (unsigned long long)gr->clock + 1,
+                 (unsigned long long)gr->clock);
         return OMV_REFUSE_STEP;
     }
     if (step != gr->clock) {

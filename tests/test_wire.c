@@ -47,7 +47,7 @@ static const omv_msg_t samples[] = {
     {.type = OMV_MSG_HELLO,
      .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16, 12}},
     {.type = OMV_MSG_PULL, .u.pull = {9, BIG}},
-    {.type = OMV_MSG_PARAMS, .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000}},
+    {.type = OMV_MSG_PARAMS, .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000, 21}},
     {.type = OMV_MSG_PUSH, .u.push = {5, BIG + 2, 1, 64, 32, 2.25f, 128, 12.5f}},
     {.type = OMV_MSG_HEARTBEAT, .u.heartbeat = {77}},
     {.type = OMV_MSG_EVAL_REQUEST, .u.eval_request = {BIG + 3, 235146}},
@@ -139,6 +139,7 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_uint_eq(d[2].u.params.group, 4);
     ck_assert_uint_eq(d[2].u.params.slice_begin, 30000);
     ck_assert_uint_eq(d[2].u.params.slice_count, 15000);
+    ck_assert_uint_eq(d[2].u.params.batch, 21);
     ck_assert_uint_eq(d[3].u.push.worker_id, 5);
     ck_assert(d[3].u.push.step == BIG + 2);
     ck_assert_uint_eq(d[3].u.push.shard, 1);

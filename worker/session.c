@@ -38,6 +38,7 @@ typedef struct {
     uint8_t *y;      /* [batch] */
     uint32_t *order; /* [data.count] this epoch's permutation */
     uint8_t *got;    /* [n_shards] which shards of the pull arrived */
+    uint32_t batch;  /* images to compute this step (from the daemon) */
     uint64_t epoch;  /* passes over our slice */
     uint32_t cursor; /* next position in order */
     int64_t last_sent_ms, last_recv_ms;
@@ -392,6 +393,7 @@ static int pull(session_t *s, uint64_t step)
         return r;
     const omv_jobspec_t *j = &s->job;
     uint32_t slice_begin = s->slice_begin, slice_count = s->slice_count;
+    uint32_t batch = s->batch;
     memset(s->got, 0, j->n_shards);
     for (uint32_t have = 0; have < j->n_shards;) {
         r = wait_msg(s, &m, 0);
@@ -420,16 +422,29 @@ static int pull(session_t *s, uint64_t step)
             slice_begin = p->slice_begin;
             slice_count = p->slice_count;
         }
+        if (p->batch == 0 || p->batch > j->batch_size) {
+            omv_log_error("daemon asks for a batch of %u images; this worker takes 1 to %u",
+                          p->batch, j->batch_size);
+            return -EPROTO;
+        }
+        batch = p->batch;
         have++;
     }
+    if (batch != s->batch && s->batch != 0)
+        omv_log_info("worker %u: %u images a step now (the group's members changed)",
+                     s->worker_id, batch);
+    int reseek = batch != s->batch;
+    s->batch = batch;
     if (slice_begin != s->slice_begin || slice_count != s->slice_count) {
         omv_log_info("worker %u: data slice is now images [%u, %u)", s->worker_id, slice_begin,
                      slice_begin + slice_count);
         r = load_data(s, slice_begin, slice_count);
         if (r < 0)
             return r;
-        seek_step(s, step, s->job.batch_size);
+        reseek = 1;
     }
+    if (reseek)
+        seek_step(s, step, s->batch);
     return 0;
 }
 
@@ -458,17 +473,17 @@ static int train(session_t *s)
         r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
-    seek_step(s, s->start_step, batch);
-    omv_log_info("worker %u in group %u from step %llu: images [%u, %u), batches of %u",
+    s->batch = 0; /* the first Params says, and the data position follows */
+    omv_log_info("worker %u in group %u from step %llu: images [%u, %u), at most %u a step",
                  s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
                  s->slice_begin + s->slice_count, batch);
     for (uint64_t step = s->start_step;; step++) {
         r = pull(s, step);
         if (r != 0)
             return r;
-        next_batch(s, batch);
+        next_batch(s, s->batch);
         double t0 = omv_time_s();
-        float loss = omv_mlp_train_step(s->mlp, s->params, s->x, s->y, batch, s->grad);
+        float loss = omv_mlp_train_step(s->mlp, s->params, s->x, s->y, s->batch, s->grad);
         if (s->cfg->delay_max_ms > 0)
             slow_down(s);
         float ms = (float)((omv_time_s() - t0) * 1000.0);
@@ -476,7 +491,7 @@ static int train(session_t *s)
         for (uint32_t sh = 0; sh < j->n_shards; sh++) {
             uint32_t off = j->shard_offsets[sh];
             m.u.push = (omv_push_t){s->worker_id, step, sh, off, j->shard_offsets[sh + 1] - off,
-                                    loss, batch, ms};
+                                    loss, s->batch, ms};
             r = send_msg(s, &m, s->grad + off);
             if (r < 0)
                 return r;
