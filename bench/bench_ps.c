@@ -851,6 +851,8 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
         goto out;
     }
     close(ready[0]);
+    fprintf(stderr, "bench_ps: %s x%d %s: omnivored pid %d on %s, echo pid %d on %s\n", sz->label,
+            n_workers, transport, (int)daemon, ps_ep, (int)echo, echo_ep);
 
     for (int i = 0; i < n_workers; i++) {
         worker_t *w = &workers[i];
