@@ -1175,9 +1175,12 @@ static int report(const bench_t *b, const case_result_t *res, int n)
     omv_strbuf_init(&j);
     omv_strbuf_printf(&j, "{\"bench\":\"ps\",\"unit_gb\":1e9,\"shards\":%d,\"seconds\":%.3f,"
                       "\"repeats\":%d,\"quick\":%s,\"goals\":{\"ratio_1mib\":%.2f,"
-                      "\"gbps_1mib\":%.2f,\"rt_4kib_us\":%.0f},\"cases\":[",
+                      "\"gbps_1mib\":%.2f,\"rt_4kib_us\":%.0f}",
                       b->shards, b->seconds, b->repeats, b->quick ? "true" : "false", GOAL_RATIO,
                       GOAL_GBPS, GOAL_SMALL_US);
+    omv_strbuf_printf(&j, ",\"cpus\":%ld,\"daemon\":", sysconf(_SC_NPROCESSORS_ONLN));
+    omv_strbuf_json_string(&j, b->daemon);
+    omv_strbuf_append(&j, ",\"cases\":[", 10);
     printf("\n# goals (issue 4): 1 MiB ps >= %.1f x raw and >= %.1f GB/s; 4 KiB round trip "
            "< %.0f us\n", GOAL_RATIO, GOAL_GBPS, GOAL_SMALL_US);
     int first = 1;
