@@ -33,12 +33,9 @@
  * trip, p50 and p99 over every round trip of the measured windows. GB/s and updates/s are the
  * median over windows. The daemon's group clocks and refusal counters are read back over its
  * control socket at the end of each case to check that every push was applied and none refused. */
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -48,14 +45,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include "ps_fixture.h"
 #include "strbuf.h"
 #include "util.h"
 #include "wire.h"
@@ -167,277 +161,13 @@ static void sleep_s(double s)
         ;
 }
 
-/* ---- the raw echo server: this binary re-executed with --echo-server ENDPOINT READY_FD ---- */
-
-static volatile sig_atomic_t echo_stop;
-
-static void on_echo_signal(int sig)
-{
-    (void)sig;
-    echo_stop = 1;
-}
-
-/* Sends every message it receives back to its sender, frame by frame, without copying. */
-static int echo_main(const char *endpoint, int ready_fd)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_echo_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    void *ctx = zmq_ctx_new();
-    void *s = zmq_socket(ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
-    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof(zero));
-    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof(zero));
-    if (zmq_bind(s, endpoint) != 0) {
-        fprintf(stderr, "bench_ps echo: cannot bind %s: %s\n", endpoint, zmq_strerror(errno));
-        zmq_close(s);
-        zmq_ctx_term(ctx);
-        return 1;
-    }
-    if (write(ready_fd, "r", 1) != 1)
-        return 1;
-    close(ready_fd);
-    zmq_msg_t f;
-    zmq_msg_init(&f);
-    while (!echo_stop) {
-        int more = 1;
-        while (more && !echo_stop) {
-            if (zmq_msg_recv(&f, s, 0) < 0) {
-                if (errno == EINTR)
-                    continue;
-                echo_stop = 1;
-                break;
-            }
-            more = zmq_msg_more(&f);
-            zmq_msg_send(&f, s, more ? ZMQ_SNDMORE : 0);
-        }
-    }
-    zmq_msg_close(&f);
-    zmq_close(s);
-    zmq_ctx_term(ctx);
-    return 0;
-}
-
-/* ---- children: start, wait, stop ---- */
-
-/* Forks and execs argv with stderr (and stdout) to log_path; the child gets SIGTERM when we die,
- * so no run of the bench leaves a daemon behind. Returns the pid or -errno. */
-static pid_t spawn(char *const argv[], const char *log_path, int keep_fd)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0)
-        return -errno;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent)
-            _exit(127);
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        (void)keep_fd;
-        execv(argv[0], argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    return pid;
-}
-
-/* SIGTERM, then up to STOP_TIMEOUT_MS for it to exit, then SIGKILL. Returns its exit status
- * (0 for a clean exit) or -1 when it had to be killed. */
-static int stop_child(pid_t pid)
-{
-    if (pid <= 0)
-        return 0;
-    kill(pid, SIGTERM);
-    double deadline = now_s() + STOP_TIMEOUT_MS / 1000.0;
-    int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (r < 0 && errno != EINTR)
-            return 0;
-        if (now_s() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        sleep_s(0.005);
-    }
-}
-
-static int child_alive(pid_t pid)
-{
-    int status;
-    return waitpid(pid, &status, WNOHANG) == 0;
-}
-
-/* A loopback TCP port that was free a moment ago. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof(a));
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    int port = -EADDRNOTAVAIL;
-    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 static void make_endpoint(const bench_t *b, const char *transport, const char *name, char *out,
                           size_t cap)
 {
     if (strcmp(transport, "tcp") == 0)
-        snprintf(out, cap, "tcp://127.0.0.1:%d", free_port());
+        snprintf(out, cap, "tcp://127.0.0.1:%d", bench_free_port());
     else
         snprintf(out, cap, "ipc://%s/%s", b->dir, name);
-}
-
-/* Asks the daemon's control socket for `status --json`: the body after "ok\n" in out. */
-static int control_status(const char *path, omv_strbuf_t *out)
-{
-    struct sockaddr_un a;
-    memset(&a, 0, sizeof(a));
-    a.sun_family = AF_UNIX;
-    if (omv_strlcpy(a.sun_path, path, sizeof(a.sun_path)) < 0)
-        return -ENAMETOOLONG;
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -errno;
-    int r = 0;
-    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0) {
-        r = -errno;
-        goto out;
-    }
-    static const char req[] = "status --json\n";
-    if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
-        r = -EIO;
-        goto out;
-    }
-    char buf[4096];
-    for (;;) {
-        struct pollfd p = {fd, POLLIN, 0};
-        if (poll(&p, 1, 5000) <= 0) {
-            r = -ETIMEDOUT;
-            goto out;
-        }
-        ssize_t n = recv(fd, buf, sizeof(buf), 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        omv_strbuf_append(out, buf, (size_t)n);
-    }
-    if (strncmp(omv_strbuf_str(out), "ok\n", 3) != 0)
-        r = -EPROTO;
-out:
-    close(fd);
-    return r;
-}
-
-/* The integer after "key": in a JSON text, or -1. */
-static long long json_int(const char *text, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\":", key);
-    const char *p = strstr(text, pat);
-    return p ? strtoll(p + strlen(pat), NULL, 10) : -1;
-}
-
-/* The sum of the numbers in the array after "key":[ ... ], or -1. */
-static long long json_array_sum(const char *text, const char *key)
-{
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"%s\":[", key);
-    const char *p = strstr(text, pat);
-    if (p == NULL)
-        return -1;
-    p += strlen(pat);
-    long long sum = 0;
-    while (*p && *p != ']') {
-        char *end;
-        sum += strtoll(p, &end, 10);
-        p = *end == ',' ? end + 1 : end;
-        if (end == p && *p != ']')
-            return -1;
-    }
-    return sum;
-}
-
-/* ---- generated job and data ---- */
-
-static void be32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-/* IDX files of IMAGES blank 1 x cols images, all labelled 0. */
-static int write_idx(const char *images, const char *labels, uint32_t cols)
-{
-    uint8_t head[16] = {0, 0, 8, 3};
-    be32(head + 4, IMAGES);
-    be32(head + 8, 1);
-    be32(head + 12, cols);
-    uint8_t lhead[8] = {0, 0, 8, 1};
-    be32(lhead + 4, IMAGES);
-    size_t n = (size_t)IMAGES * cols;
-    uint8_t *px = calloc(n > IMAGES ? n : IMAGES, 1);
-    if (px == NULL)
-        return -ENOMEM;
-    int ok = 0;
-    FILE *f = fopen(images, "wb");
-    if (f) {
-        ok = fwrite(head, 1, 16, f) == 16 && fwrite(px, 1, n, f) == n;
-        ok = fclose(f) == 0 && ok;
-    }
-    f = ok ? fopen(labels, "wb") : NULL;
-    if (f) {
-        ok = fwrite(lhead, 1, 8, f) == 8 && fwrite(px, 1, IMAGES, f) == IMAGES;
-        ok = fclose(f) == 0 && ok;
-    } else {
-        ok = 0;
-    }
-    free(px);
-    return ok ? 0 : -EIO;
-}
-
-/* A job that the bench never finishes: one group per worker, no staleness bound, the most
- * epochs the job table allows (IMAGES / workers steps each), no evaluation before the end, no
- * progress lines, and workers declared dead only after the longest timeout allowed. */
-static int write_job(const bench_t *b, const size_spec_t *sz, int workers, const char *path,
-                     const char *images, const char *labels)
-{
-    FILE *f = fopen(path, "w");
-    if (f == NULL)
-        return -errno;
-    fprintf(f,
-            "; generated by bench_ps\n"
-            "[job]\nname = bench-ps-%s-x%d\nepochs = 10000\nseed = 1\n"
-            "[model]\nlayers = %u %u\n"
-            "[data]\ntrain_images = %s\ntrain_labels = %s\ntest_images = %s\ntest_labels = %s\n"
-            "[train]\nbatch_size = 1\nlearning_rate = 0.01\nmomentum = 0.9\nweight_decay = 0\n"
-            "[cluster]\nworkers = %d\ngroups = %d\nstaleness = none\nshards = %d\n"
-            "worker_timeout_s = 3600\n"
-            "[eval]\nevery_epochs = 0\nprogress_interval_s = 3600\n",
-            sz->label, workers, sz->in, sz->out, images, labels, images, labels, workers, workers,
-            b->shards);
-    return fclose(f) == 0 ? 0 : -EIO;
 }
 
 /* ---- one fake worker's side of the wire ---- */
@@ -764,7 +494,7 @@ static int handshake(worker_t *w, pid_t daemon)
     while (zmq_poll(&it, 1, 100) <= 0) {
         if (interrupted)
             return fail(w, "interrupted");
-        if (!child_alive(daemon))
+        if (!bench_alive(daemon))
             return fail(w, "omnivored exited before it welcomed us");
         if (now_s() > deadline)
             return fail(w, "no welcome from omnivored within %d ms", START_TIMEOUT_MS);
@@ -817,7 +547,10 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
              transport);
     make_endpoint(b, transport, "ps.sock", ps_ep, sizeof(ps_ep));
     make_endpoint(b, transport, "echo.sock", echo_ep, sizeof(echo_ep));
-    if (write_idx(images, labels, sz->in) < 0 || write_job(b, sz, n_workers, job, images, labels) < 0) {
+    char name[64];
+    snprintf(name, sizeof(name), "bench-ps-%s-x%d", sz->label, n_workers);
+    bench_job_t jf = {name, sz->in, sz->out, images, labels, n_workers, b->shards};
+    if (bench_write_idx(images, labels, IMAGES, sz->in) < 0 || bench_write_job(job, &jf) < 0) {
         snprintf(res->error, sizeof(res->error), "cannot write the job files in %s", b->dir);
         return;
     }
@@ -831,11 +564,11 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     char fd_arg[16];
     snprintf(fd_arg, sizeof(fd_arg), "%d", ready[1]);
     char *eargv[] = {b->self_exe, "--echo-server", echo_ep, fd_arg, NULL};
-    echo = spawn(eargv, elog, ready[1]);
+    echo = bench_spawn(eargv, elog);
     close(ready[1]);
     char *dargv[] = {b->daemon, "--job", job, "--endpoint", ps_ep, "--control", ctl,
                      "--log-level", "warn", NULL};
-    daemon = spawn(dargv, dlog, -1);
+    daemon = bench_spawn(dargv, dlog);
     if (echo < 0 || daemon < 0) {
         snprintf(res->error, sizeof(res->error), "cannot start a child: %s",
                  strerror(-(echo < 0 ? echo : daemon)));
@@ -933,9 +666,9 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     long long steps = 0;
     for (int i = 0; i < n_workers; i++)
         steps += (long long)workers[i].step;
-    int cr = control_status(ctl, &st);
-    long long clocks = cr == 0 ? json_array_sum(omv_strbuf_str(&st), "group_clocks") : -1;
-    long long refused = cr == 0 ? json_int(omv_strbuf_str(&st), "refused_total") : -1;
+    int cr = bench_control_status(ctl, &st);
+    long long clocks = cr == 0 ? bench_json_array_sum(omv_strbuf_str(&st), "group_clocks") : -1;
+    long long refused = cr == 0 ? bench_json_int(omv_strbuf_str(&st), "refused_total") : -1;
     res->verified = clocks == steps && refused == 0;
     if (!res->verified)
         fprintf(stderr, "bench_ps: %s x%d %s: daemon reports group clocks summing to %lld and %lld "
@@ -957,7 +690,7 @@ out:
     }
     for (int i = 0; i < n_workers; i++)
         close_worker(&workers[i]);
-    int ds = stop_child(daemon), es = stop_child(echo);
+    int ds = bench_stop(daemon, STOP_TIMEOUT_MS), es = bench_stop(echo, STOP_TIMEOUT_MS);
     if (ds != 0 && daemon > 0) {
         fprintf(stderr, "bench_ps: omnivored %s (status %d)\n",
                 ds < 0 ? "did not stop within 10 s of SIGTERM and was killed" : "exited badly", ds);
@@ -1115,24 +848,6 @@ static int find_daemon(bench_t *b)
     return 0;
 }
 
-/* Removes the temporary folder; only files we made live there. */
-static void remove_dir(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d == NULL)
-        return;
-    struct dirent *e;
-    char path[PATH_MAX];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static void json_mode(omv_strbuf_t *j, const char *name, const mode_result_t *m)
 {
     omv_strbuf_printf(j, "\"%s\":{\"gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
@@ -1232,7 +947,7 @@ static int report(const bench_t *b, const case_result_t *res, int n)
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--echo-server") == 0)
-        return echo_main(argv[2], atoi(argv[3]));
+        return bench_echo_main(argv[2], atoi(argv[3]));
     static bench_t b;
     b.shards = 2;
     if (parse_args(&b, argc, argv) < 0 || find_daemon(&b) < 0)
@@ -1293,7 +1008,7 @@ int main(int argc, char **argv)
     if (b.keep)
         fprintf(stderr, "bench_ps: kept %s\n", b.dir);
     else
-        remove_dir(b.dir);
+        bench_remove_dir(b.dir);
     for (int i = 0; i < most; i++)
         for (int m = 0; m < 2; m++)
             free(workers[i].lat[m]);
