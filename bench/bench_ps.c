@@ -8,8 +8,8 @@
  *   build/bench/bench_ps --sizes 1m --workers 1,8 --transports tcp --seconds 2 --repeats 5
  *   meson test -C build --benchmark ps -v       # the full run through meson
  * Options: --sizes LIST (4k, 1m, 16m, 64m: KiB or MiB of float32 parameters), --workers LIST,
- *   --transports tcp,ipc, --seconds S (one measured window, default 1), --repeats R (measured
- *   windows per server, default 3), --shards N (the daemon's [cluster] shards, default 2),
+ *   --transports tcp,ipc, --seconds S (one measured window, default 0.6), --repeats R
+ *   (measured windows per server, default 5), --shards N (the daemon's [cluster] shards, default 2),
  *   --daemon PATH (default $OMNIVORED, else ../server/omnivored next to this binary),
  *   --keep (keep the temporary folder: job files, data files, daemon logs).
  *
@@ -531,7 +531,9 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     c.size = sz;
     c.n_workers = n_workers;
     c.w = workers;
-    c.min_iters = b->quick ? 1 : 2;
+    /* A window also lasts until every worker made this many round trips: 64 MiB x 8 workers
+     * takes seconds per round trip, so one is enough there. */
+    c.min_iters = b->quick || sz->bytes >= (16u << 20) ? 1 : 2;
     pid_t daemon = -1, echo = -1;
     int threads = 0, barriers = 0;
 
@@ -779,8 +781,8 @@ static int parse_args(bench_t *b, int argc, char **argv)
             return -EINVAL;
         }
     }
-    b->seconds = seconds > 0 ? seconds : b->quick ? 0.3 : 1.0;
-    b->repeats = repeats > 0 ? repeats : b->quick ? 1 : 3;
+    b->seconds = seconds > 0 ? seconds : b->quick ? 0.3 : 0.6;
+    b->repeats = repeats > 0 ? repeats : b->quick ? 1 : 5;
     if (b->repeats > 32 || b->shards < 1 || b->shards > OMV_WIRE_MAX_SHARDS) {
         fprintf(stderr, "bench_ps: --repeats goes up to 32, --shards from 1 to %d\n",
                 OMV_WIRE_MAX_SHARDS);
