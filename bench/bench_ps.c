@@ -6,10 +6,15 @@
  *   build/bench/bench_ps                        # 4k 1m 16m 64m x 1 2 8 workers x tcp ipc
  *   build/bench/bench_ps --quick                # short windows, one repeat: a smoke run
  *   build/bench/bench_ps --sizes 1m --workers 1,8 --transports tcp --seconds 2 --repeats 5
- *   meson test -C build --benchmark ps -v       # the full run through meson
+ *   meson test -C build --benchmark ps -v       # the full run through meson (about 4 min)
+ *   meson test -C build --benchmark ps -v --test-args=--quick
+ * To profile the daemon, attach to the pid each case prints on stderr while it runs:
+ *   build/bench/bench_ps --sizes 1m --workers 1 --transports tcp --seconds 4 --repeats 2 &
+ *   perf record -g -p <omnivored pid> -- sleep 10     (or strace -c -f -p <pid>)
  * Options: --sizes LIST (4k, 1m, 16m, 64m: KiB or MiB of float32 parameters), --workers LIST,
  *   --transports tcp,ipc, --seconds S (one measured window, default 0.6), --repeats R
- *   (measured windows per server, default 5), --shards N (the daemon's [cluster] shards, default 2),
+ *   (measured windows per server, default 5), --shards N (the daemon's [cluster] shards,
+ *   default 2),
  *   --daemon PATH (default $OMNIVORED, else ../server/omnivored next to this binary),
  *   --keep (keep the temporary folder: job files, data files, daemon logs).
  *
