@@ -116,6 +116,10 @@ int bench_echo_main(const char *endpoint, int ready_fd)
     zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof(zero));
     zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof(zero));
+    /* A signal that lands while libzmq handles a peer's connect or disconnect does not interrupt
+     * the wait that follows; a receive timeout makes sure the flag is seen within 100 ms. */
+    int timeout_ms = 100;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
     if (zmq_bind(s, endpoint) != 0) {
         fprintf(stderr, "bench_ps echo: cannot bind %s: %s\n", endpoint, zmq_strerror(errno));
         zmq_close(s);
@@ -131,7 +135,7 @@ int bench_echo_main(const char *endpoint, int ready_fd)
         int more = 1;
         while (more && !echo_stop) {
             if (zmq_msg_recv(&f, s, 0) < 0) {
-                if (errno == EINTR)
+                if (errno == EINTR || errno == EAGAIN)
                     continue;
                 echo_stop = 1;
                 break;
