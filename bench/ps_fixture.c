@@ -272,7 +272,8 @@ int bench_write_job(const char *path, const bench_job_t *job)
             "[train]\nbatch_size = 1\nlearning_rate = 0.01\nmomentum = 0.9\nweight_decay = 0\n"
             "[cluster]\nworkers = %d\ngroups = %d\nstaleness = none\nshards = %d\n"
             "worker_timeout_s = 3600\n"
-            "[eval]\nevery_epochs = 0\nprogress_interval_s = 3600\n",
+            "[eval]\nevery_epochs = 0\nprogress_interval_s = 3600\n"
+            "[checkpoint]\nevery_s = 0\nresume = no\n",
             job->name, job->in, job->out, job->images, job->labels, job->images, job->labels,
             job->workers, job->workers, job->shards);
     return fclose(f) == 0 ? 0 : -EIO;

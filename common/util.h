@@ -17,4 +17,8 @@ const char *omv_strerror(int err);
 int omv_strlcpy(char *dst, const char *src, size_t cap);
 
 /* True when every one of the n floats is finite. */
+/* Tunes the allocator so that large buffers freed and allocated again (ZeroMQ messages of
+ * parameters and gradients) reuse resident memory instead of fresh pages. Call once at start. */
+void omv_keep_memory_resident(void);
+
 int omv_all_finite(const float *v, size_t n);

@@ -41,6 +41,7 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     omv_log_set_ident("omnivored");
+    omv_keep_memory_resident();
     omv_daemon_config_t cfg;
     char err[OMV_CONFIG_ERR_MAX];
     memset(&cfg, 0, sizeof(cfg));

@@ -9,6 +9,7 @@
 
 #include "log.h"
 #include "session.h"
+#include "util.h"
 
 static volatile sig_atomic_t stop_flag;
 
@@ -42,6 +43,7 @@ static void usage(FILE *out)
 int main(int argc, char **argv)
 {
     omv_log_set_ident("omnivore-worker");
+    omv_keep_memory_resident();
     omv_session_config_t cfg = {
         .endpoint = getenv("OMNIVORE_SERVER"),
         .role = OMV_ROLE_TRAINER,
