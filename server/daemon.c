@@ -130,13 +130,118 @@ static void send_params(omv_daemon_t *d, member_t *m, uint64_t step)
     /* The group's batch is the job's, whoever is in it: its live members share it. */
     uint32_t live = omv_groups_live(d->groups, group);
     uint32_t batch = (uint32_t)d->job.batch_size / (live ? live : 1);
-    omv_msg_t p = {.type = OMV_MSG_PARAMS};
+    /* Each shard's thread answers with a snapshot of its part, sent without a copy; commands
+     * to a shard run in order, so every update applied so far is in it. */
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE, .group = group, .step = step,
+                           .worker_id = member_id(d, m), .slice_begin = m->slice_begin,
+                           .slice_count = m->slice_count, .batch = batch ? batch : 1};
+    for (uint32_t s = 0; s < d->n_shards; s++)
+        omv_shard_thread_send(d->threads[s], &cmd, &m->peer, NULL);
+}
+
+/* ---- the shard threads' replies ---- */
+
+/* Handles one reply; OUT's payload is sent on (taken). Counts an acknowledgement in *acks. */
+static void on_shard_reply(omv_daemon_t *d, const omv_shard_reply_t *rep, size_t extra_len,
+                           omv_payload_t *payload, int has_payload, int *acks)
+{
+    omv_peer_t peer = {.len = 0};
+    size_t peer_len = rep->peer_len <= extra_len && rep->peer_len <= sizeof(peer.id)
+                          ? rep->peer_len
+                          : 0;
+    memcpy(peer.id, d->pipe_extra, peer_len);
+    peer.len = peer_len;
+    switch (rep->type) {
+    case OMV_SHARD_REPLY_OUT: {
+        int r = omv_router_send_raw(d->router, &peer, d->pipe_extra + peer_len,
+                                    extra_len - peer_len, has_payload ? payload : NULL);
+        if (r < 0)
+            omv_log_debug("cannot send parameters to worker %u: %s", rep->worker_id,
+                          omv_strerror(r));
+        return;
+    }
+    case OMV_SHARD_REPLY_NOT_FINITE: {
+        char who[64], why[OMV_WIRE_REASON_MAX];
+        snprintf(who, sizeof(who), "worker %u", rep->worker_id);
+        snprintf(why, sizeof(why), "gradient of step %llu shard %u has NaN or Inf values; "
+                 "dropped, the model is unchanged", (unsigned long long)rep->step, rep->shard);
+        refuse(d, &peer, OMV_REFUSE_NOT_FINITE, who, why);
+        break;
+    }
+    case OMV_SHARD_REPLY_ACK:
+        if (acks)
+            (*acks)--;
+        break;
+    default:
+        break;
+    }
+    if (has_payload)
+        omv_payload_close(payload);
+}
+
+/* Handles the replies waiting on shard s's pipe, waiting up to timeout_ms for the first. */
+static int drain_pipe(omv_daemon_t *d, uint32_t s, int timeout_ms, int *acks)
+{
+    for (int n = 0;; n++) {
+        omv_shard_reply_t rep;
+        size_t len, extra_len;
+        omv_payload_t payload;
+        int has_payload;
+        int r = omv_pipe_recv(omv_shard_thread_pipe(d->threads[s]), &rep, sizeof(rep), &len,
+                              d->pipe_extra, sizeof(d->pipe_extra), &extra_len, &payload,
+                              &has_payload, n == 0 ? timeout_ms : 0);
+        if (r < 0)
+            return r == -EAGAIN ? 0 : r;
+        if (len != sizeof(rep)) {
+            if (has_payload)
+                omv_payload_close(&payload);
+            continue;
+        }
+        on_shard_reply(d, &rep, extra_len, &payload, has_payload, acks);
+        if (acks && *acks == 0)
+            return 0;
+    }
+}
+
+static void drain_pipes(omv_daemon_t *d)
+{
+    for (uint32_t s = 0; s < d->n_shards; s++)
+        drain_pipe(d, s, 0, NULL);
+}
+
+int omv_daemon_gather(omv_daemon_t *d, int velocity)
+{
     for (uint32_t s = 0; s < d->n_shards; s++) {
         const omv_shard_t *sh = &d->shards[s];
-        p.u.params = (omv_params_t){step,  s,     sh->offset, sh->count, group, m->slice_begin,
-                                    m->slice_count, batch ? batch : 1};
-        send_to(d, m, &m->peer, &p, sh->params);
+        if (d->threads == NULL || d->threads[s] == NULL) {
+            memcpy(d->gather_params + sh->offset, sh->params, sh->count * sizeof(float));
+            if (velocity)
+                memcpy(d->gather_velocity + sh->offset, sh->velocity, sh->count * sizeof(float));
+            continue;
+        }
+        omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = d->gather_params,
+                               .velocity_dst = velocity ? d->gather_velocity : NULL};
+        int r = omv_shard_thread_send(d->threads[s], &cmd, NULL, NULL);
+        if (r < 0)
+            return r;
     }
+    for (uint32_t s = 0; d->threads && s < d->n_shards; s++) {
+        if (d->threads[s] == NULL)
+            continue;
+        /* Replies queued before the acknowledgement are handled on the way. */
+        int acks = 1;
+        int64_t deadline = omv_time_ms() + 10000;
+        while (acks > 0) {
+            int r = drain_pipe(d, s, 100, &acks);
+            if (r < 0)
+                return r;
+            if (acks > 0 && omv_time_ms() > deadline) {
+                omv_log_error("shard %u did not hand over its parameters within 10 s", s);
+                return -ETIMEDOUT;
+            }
+        }
+    }
+    return 0;
 }
 
 /* ---- groups' events ---- */
@@ -144,7 +249,9 @@ static void send_params(omv_daemon_t *d, member_t *m, uint64_t step)
 static void on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors)
 {
     omv_daemon_t *d = ctx;
-    omv_shard_apply(&d->shards[shard], group, contributors, &d->sgd);
+    (void)contributors; /* the shard's thread counts the gradients it summed */
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = d->sgd};
+    omv_shard_thread_send(d->threads[shard], &cmd, NULL, NULL);
 }
 
 static void on_advance(void *ctx, uint32_t group, uint64_t clock)
@@ -159,8 +266,9 @@ static void on_advance(void *ctx, uint32_t group, uint64_t clock)
 static void on_retire(void *ctx, uint32_t group)
 {
     omv_daemon_t *d = ctx;
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_DISCARD, .group = group};
     for (uint32_t s = 0; s < d->n_shards; s++)
-        omv_shard_discard(&d->shards[s], group);
+        omv_shard_thread_send(d->threads[s], &cmd, NULL, NULL);
     d->group_images[group] = 0;
     omv_log_warn("group %u has no live workers left", group);
 }
@@ -249,10 +357,12 @@ static void request_eval(omv_daemon_t *d)
         return;
     }
     member_t *ev = &d->members[d->evaluator - 1];
+    if (omv_daemon_gather(d, 0) < 0)
+        return;
     omv_msg_t m = {.type = OMV_MSG_EVAL_REQUEST};
     m.u.eval_request.eval_id = ++d->eval_id;
     m.u.eval_request.count = (uint32_t)d->layout.param_count;
-    send_to(d, ev, &ev->peer, &m, d->params);
+    send_to(d, ev, &ev->peer, &m, d->gather_params);
     d->eval_busy = 1;
     d->eval_wanted = 0;
     d->eval_sent_ms = omv_time_ms();
@@ -489,7 +599,7 @@ static void on_pull(omv_daemon_t *d, member_t *m, const omv_pull_t *p)
     m->parked_step = p->step;
 }
 
-static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p, const void *payload)
+static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
 {
     char why[OMV_WIRE_REASON_MAX];
     char who[96];
@@ -521,20 +631,15 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p, const voi
         refuse(d, &m->peer, OMV_REFUSE_SHAPE, who, why);
         return;
     }
-    const float *grad = payload;
-    if (((uintptr_t)payload & (sizeof(float) - 1)) != 0) {
-        memcpy(d->scratch, payload, (size_t)sh->count * sizeof(float));
-        grad = d->scratch;
-    }
     uint32_t group = (uint32_t)omv_groups_of(d->groups, m->slot);
-    int finite = omv_all_finite(grad, sh->count) && isfinite(p->loss);
-    if (!finite) {
-        snprintf(why, sizeof(why), "gradient of step %llu shard %u has NaN or Inf values; "
-                 "dropped, the model is unchanged", (unsigned long long)p->step, p->shard);
-        refuse(d, &m->peer, OMV_REFUSE_NOT_FINITE, who, why);
-    } else {
-        omv_shard_accumulate(sh, group, grad);
-    }
+    /* The shard's thread checks the values and adds them; a gradient with NaN or Inf comes
+     * back as a refusal and stays out of the sum. The step goes on either way. */
+    omv_payload_t payload;
+    omv_router_take_payload(d->router, &payload);
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH, .group = group, .step = p->step,
+                           .worker_id = member_id(d, m)};
+    omv_shard_thread_send(d->threads[p->shard], &cmd, &m->peer, &payload);
+    int finite = isfinite(p->loss);
     if (p->shard == 0) {
         m->steps++;
         m->last_compute_ms = p->compute_ms;
@@ -546,7 +651,7 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p, const voi
             d->last_loss = p->loss;
         }
     }
-    omv_groups_record_push(d->groups, m->slot, p->shard, finite);
+    omv_groups_record_push(d->groups, m->slot, p->shard, true);
 }
 
 static void on_eval_result(omv_daemon_t *d, member_t *m, const omv_eval_result_t *e)
@@ -629,14 +734,12 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         return;
     }
     m->last_seen_ms = omv_time_ms();
-    size_t len;
-    const void *payload = omv_router_payload(d->router, &len);
     switch (msg->type) {
     case OMV_MSG_PULL:
         on_pull(d, m, &msg->u.pull);
         break;
     case OMV_MSG_PUSH:
-        on_push(d, m, &msg->u.push, payload);
+        on_push(d, m, &msg->u.push);
         break;
     case OMV_MSG_EVAL_RESULT:
         on_eval_result(d, m, &msg->u.eval_result);
@@ -772,13 +875,11 @@ static int setup_job(omv_daemon_t *d)
     d->shards = calloc(d->n_shards, sizeof(omv_shard_t));
     d->group_images = calloc((size_t)j->groups, sizeof(uint64_t));
     d->members = calloc(d->n_members_max, sizeof(member_t));
-    uint32_t largest = 0;
-    for (uint32_t s = 0; s < d->n_shards; s++) {
-        uint32_t c = d->shard_offsets[s + 1] - d->shard_offsets[s];
-        largest = c > largest ? c : largest;
-    }
-    d->scratch = malloc((size_t)largest * sizeof(float));
-    if (!d->params || !d->shards || !d->group_images || !d->members || !d->scratch)
+    d->threads = calloc(d->n_shards, sizeof(*d->threads));
+    d->gather_params = malloc(d->layout.param_count * sizeof(float));
+    d->gather_velocity = malloc(d->layout.param_count * sizeof(float));
+    if (!d->params || !d->shards || !d->group_images || !d->members || !d->threads ||
+        !d->gather_params || !d->gather_velocity)
         return -ENOMEM;
     omv_model_init(&d->layout, d->params, (uint64_t)j->seed);
     for (uint32_t s = 0; s < d->n_shards; s++) {
@@ -849,7 +950,21 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
                       omv_strerror(r), r == -EADDRINUSE ? " (another omnivored runs there)" : "");
         goto fail;
     }
-    omv_log_info("listening for workers on %s, control on %s", cfg->endpoint, cfg->control);
+    /* A small shard's work takes less time than waking a thread (about 100 us here): the event
+     * loop's thread owns it. */
+    uint32_t threaded = 0;
+    for (uint32_t s = 0; s < d->n_shards; s++) {
+        int own = d->shards[s].count >= OMV_SHARD_THREAD_MIN_PARAMS;
+        threaded += own;
+        d->threads[s] = omv_shard_thread_new(d->router, &d->shards[s], s, own);
+        if (d->threads[s] == NULL) {
+            r = -errno;
+            omv_log_error("cannot start the thread of shard %u: %s", s, omv_strerror(r));
+            goto fail;
+        }
+    }
+    omv_log_info("listening for workers on %s, control on %s; %u of %u shards have a thread",
+                 cfg->endpoint, cfg->control, threaded, d->n_shards);
     return d;
 fail:
     omv_daemon_destroy(&d);
@@ -863,13 +978,20 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     if (d == NULL)
         return;
     omv_control_destroy(&d->control);
+    /* Threads end first, then the router (ZeroMQ lets go of snapshots), then their memory. */
+    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
+        omv_shard_thread_stop(d->threads[s]);
     omv_router_destroy(&d->router);
+    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
+        omv_shard_thread_destroy(&d->threads[s]);
+    free(d->threads);
     omv_groups_destroy(&d->groups);
     for (uint32_t s = 0; d->shards && s < d->n_shards; s++)
         omv_shard_fini(&d->shards[s]);
     free(d->shards);
     free(d->params);
-    free(d->scratch);
+    free(d->gather_params);
+    free(d->gather_velocity);
     free(d->members);
     free(d->group_images);
     free(d->history);
@@ -907,8 +1029,10 @@ int omv_daemon_settle(omv_daemon_t *d, int timeout_ms)
         if (omv_time_ms() >= deadline)
             return -ETIMEDOUT;
         short revents[1];
-        int ready = 0;
-        omv_router_poll(d->router, NULL, 0, revents, &ready, 10);
+        int ready = 0, pipes = 0;
+        omv_router_poll(d->router, NULL, 0, revents, &ready, &pipes, 10);
+        if (pipes)
+            drain_pipes(d);
         if (ready) {
             drain(d);
             progress(d);
@@ -941,16 +1065,18 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
             }
         }
         short revents[1];
-        int router_ready = 0;
+        int router_ready = 0, pipes_ready = 0;
         int64_t wait = d->last_cron_ms + CRON_MS - omv_time_ms();
         if (stopping_ms && wait > 10)
             wait = 10;
-        int r = omv_router_poll(d->router, fds, 1, revents, &router_ready,
+        int r = omv_router_poll(d->router, fds, 1, revents, &router_ready, &pipes_ready,
                                 wait > 0 ? (int)wait : 0);
         if (r < 0 && r != -EINTR) {
             omv_log_error("poll failed: %s", omv_strerror(r));
             return r;
         }
+        if (r > 0 && pipes_ready)
+            drain_pipes(d);
         if (r > 0 && router_ready) {
             drain(d);
             progress(d);

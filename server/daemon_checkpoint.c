@@ -42,7 +42,7 @@ int omv_daemon_checkpoint(omv_daemon_t *d, int finished)
     c.train_s = omv_daemon_train_seconds(d);
     c.n_groups = groups;
     c.param_count = n;
-    c.params = d->params;
+    c.params = d->gather_params;
     c.learning_rate = d->sgd.learning_rate;
     c.momentum = d->sgd.momentum;
     c.weight_decay = d->sgd.weight_decay;
@@ -50,17 +50,20 @@ int omv_daemon_checkpoint(omv_daemon_t *d, int finished)
     c.n_history = (uint32_t)d->n_history;
     int r = -ENOMEM;
     c.clocks = malloc(groups * sizeof(uint64_t));
-    c.velocity = malloc((n ? n : 1) * sizeof(float));
+    c.velocity = d->gather_velocity;
     c.history = calloc(d->n_history ? d->n_history : 1, sizeof(*c.history));
     c.members = members_text(d);
     char err[OMV_CHECKPOINT_ERR_MAX] = "out of memory";
-    if (!c.clocks || !c.velocity || !c.history || !c.members)
+    if (!c.clocks || !c.history || !c.members)
         goto out;
+    r = omv_daemon_gather(d, 1);
+    if (r < 0) {
+        snprintf(err, sizeof(err), "cannot gather the model from the shard threads: %s",
+                 omv_strerror(r));
+        goto out;
+    }
     for (uint32_t g = 0; g < groups; g++)
         c.clocks[g] = omv_groups_clock(d->groups, g);
-    for (uint32_t s = 0; s < d->n_shards; s++)
-        memcpy(c.velocity + d->shards[s].offset, d->shards[s].velocity,
-               d->shards[s].count * sizeof(float));
     for (size_t i = 0; i < d->n_history; i++)
         c.history[i] = (omv_checkpoint_eval_t){d->history[i].epoch, d->history[i].wall_s,
                                                d->history[i].accuracy, d->history[i].loss};
@@ -83,6 +86,7 @@ out:
     }
     /* Borrowed, not ours to free. */
     c.params = NULL;
+    c.velocity = NULL;
     c.job_text = NULL;
     omv_checkpoint_fini(&c);
     return r;

@@ -11,6 +11,7 @@
 #include "model.h"
 #include "router.h"
 #include "shard.h"
+#include "shard_thread.h"
 #include "strbuf.h"
 #include "wire.h"
 
@@ -57,8 +58,11 @@ struct omv_daemon {
     float *params; /* [param_count], split among the shards */
     uint32_t n_shards;
     uint32_t shard_offsets[OMV_WIRE_MAX_SHARDS + 1];
-    omv_shard_t *shards;
-    float *scratch; /* [largest shard] for gradients whose payload is misaligned */
+    omv_shard_t *shards;         /* each owned by its thread once the threads run */
+    omv_shard_thread_t **threads; /* [n_shards] */
+    float *gather_params;         /* [param_count] a consistent copy, for evals and checkpoints */
+    float *gather_velocity;       /* [param_count] */
+    uint8_t pipe_extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
     omv_sgd_t sgd;
     omv_groups_t *groups;
 
@@ -119,6 +123,11 @@ const char *omv_daemon_member_state(const member_t *m);
 /* Handles worker messages for up to timeout_ms until no group is half-way through applying a
  * step. Returns 0 or -ETIMEDOUT. */
 int omv_daemon_settle(omv_daemon_t *d, int timeout_ms);
+
+/* Copies the model (and the momentum, when velocity is not NULL) out of the shard threads into
+ * gather_params (gather_velocity): every update applied so far is in it. Returns 0 or a
+ * negative errno. Before the threads start, copies from the shards directly. */
+int omv_daemon_gather(omv_daemon_t *d, int velocity);
 
 /* daemon_status.c: the control socket's commands. */
 int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply);

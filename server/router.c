@@ -10,12 +10,20 @@
 
 #define MAX_FDS 8
 
+_Static_assert(sizeof(zmq_msg_t) <= sizeof(omv_payload_t), "omv_payload_t is too small");
+
+struct omv_pipe {
+    void *sock;
+};
+
 struct omv_router {
     void *ctx;
     void *sock;
     zmq_msg_t payload;
     int has_payload;
     uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
+    omv_pipe_t *pipes[OMV_PIPE_MAX]; /* loop ends, polled with the router */
+    int n_pipes, pipes_made;
 };
 
 omv_router_t *omv_router_new(const char *endpoint)
@@ -56,6 +64,10 @@ void omv_router_destroy(omv_router_t **self_p)
     omv_router_t *self = *self_p;
     if (self == NULL)
         return;
+    /* The threads' ends must be closed by now (their owners destroy them after the threads
+     * end), or the context would wait for them forever. */
+    for (int i = 0; i < self->n_pipes; i++)
+        omv_pipe_destroy(&self->pipes[i]);
     zmq_msg_close(&self->payload);
     zmq_close(self->sock);
     zmq_ctx_term(self->ctx);
@@ -64,20 +76,27 @@ void omv_router_destroy(omv_router_t **self_p)
 }
 
 int omv_router_poll(omv_router_t *self, const int *fds, int nfds, short *revents, int *ret_router,
-                    int timeout_ms)
+                    int *ret_pipes, int timeout_ms)
 {
-    zmq_pollitem_t items[MAX_FDS + 1];
+    zmq_pollitem_t items[MAX_FDS + 1 + OMV_PIPE_MAX];
     if (nfds > MAX_FDS)
         return -EINVAL;
     items[0] = (zmq_pollitem_t){self->sock, 0, ZMQ_POLLIN, 0};
     for (int i = 0; i < nfds; i++)
         items[i + 1] = (zmq_pollitem_t){NULL, fds[i], ZMQ_POLLIN, 0};
-    int n = zmq_poll(items, nfds + 1, timeout_ms);
+    for (int i = 0; i < self->n_pipes; i++)
+        items[1 + nfds + i] = (zmq_pollitem_t){self->pipes[i]->sock, 0, ZMQ_POLLIN, 0};
+    int n = zmq_poll(items, 1 + nfds + self->n_pipes, timeout_ms);
     if (n < 0)
         return -errno;
     *ret_router = (items[0].revents & ZMQ_POLLIN) != 0;
     for (int i = 0; i < nfds; i++)
         revents[i] = (items[i + 1].revents & ZMQ_POLLIN) ? POLLIN : 0;
+    int pipes = 0;
+    for (int i = 0; i < self->n_pipes; i++)
+        pipes |= (items[1 + nfds + i].revents & ZMQ_POLLIN) != 0;
+    if (ret_pipes)
+        *ret_pipes = pipes;
     return n;
 }
 
@@ -171,5 +190,161 @@ int omv_router_send(omv_router_t *self, const omv_peer_t *peer, const omv_msg_t 
         return -errno;
     if (count && zmq_send(self->sock, payload, (size_t)count * sizeof(float), ZMQ_DONTWAIT) < 0)
         return -errno;
+    return 0;
+}
+
+/* ---- payloads ---- */
+
+static zmq_msg_t *as_msg(omv_payload_t *p)
+{
+    return (zmq_msg_t *)(void *)p->opaque;
+}
+
+void omv_payload_init(omv_payload_t *self)
+{
+    zmq_msg_init(as_msg(self));
+}
+
+int omv_payload_init_shared(omv_payload_t *self, void *data, size_t len,
+                            void (*release)(void *data, void *hint), void *hint)
+{
+    return zmq_msg_init_data(as_msg(self), data, len, release, hint) == 0 ? 0 : -errno;
+}
+
+void *omv_payload_data(omv_payload_t *self, size_t *ret_len)
+{
+    *ret_len = zmq_msg_size(as_msg(self));
+    return zmq_msg_data(as_msg(self));
+}
+
+void omv_payload_close(omv_payload_t *self)
+{
+    zmq_msg_close(as_msg(self));
+}
+
+void omv_router_take_payload(omv_router_t *self, omv_payload_t *ret)
+{
+    zmq_msg_init(as_msg(ret));
+    if (self->has_payload)
+        zmq_msg_move(as_msg(ret), &self->payload);
+    self->has_payload = 0;
+}
+
+int omv_router_send_raw(omv_router_t *self, const omv_peer_t *peer, const void *env, size_t len,
+                        omv_payload_t *payload)
+{
+    int r = 0;
+    if (zmq_send(self->sock, peer->id, peer->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(self->sock, env, len, (payload ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+        r = -errno;
+    /* A message the router refuses (the peer is gone) is dropped, and its payload released. */
+    if (payload) {
+        if (r == 0 && zmq_msg_send(as_msg(payload), self->sock, ZMQ_DONTWAIT) < 0)
+            r = -errno;
+        zmq_msg_close(as_msg(payload));
+    }
+    return r;
+}
+
+/* ---- pipes ---- */
+
+int omv_router_pipe(omv_router_t *self, omv_pipe_t **ret_loop_end, omv_pipe_t **ret_thread_end)
+{
+    if (self->n_pipes == OMV_PIPE_MAX)
+        return -ENOSPC;
+    char name[64];
+    snprintf(name, sizeof(name), "inproc://omv-pipe-%d", self->pipes_made++);
+    omv_pipe_t *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+    int r = -ENOMEM;
+    if (a == NULL || b == NULL)
+        goto fail;
+    a->sock = zmq_socket(self->ctx, ZMQ_PAIR);
+    b->sock = zmq_socket(self->ctx, ZMQ_PAIR);
+    if (a->sock == NULL || b->sock == NULL)
+        goto fail_errno;
+    int hwm = 0, linger = 0;
+    zmq_setsockopt(a->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(a->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(b->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(b->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(a->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(b->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(a->sock, name) != 0 || zmq_connect(b->sock, name) != 0)
+        goto fail_errno;
+    self->pipes[self->n_pipes++] = a;
+    *ret_loop_end = a;
+    *ret_thread_end = b;
+    return 0;
+fail_errno:
+    r = -errno;
+fail:
+    if (a && a->sock)
+        zmq_close(a->sock);
+    if (b && b->sock)
+        zmq_close(b->sock);
+    free(a);
+    free(b);
+    return r;
+}
+
+void omv_pipe_destroy(omv_pipe_t **self_p)
+{
+    omv_pipe_t *self = *self_p;
+    if (self == NULL)
+        return;
+    zmq_close(self->sock);
+    free(self);
+    *self_p = NULL;
+}
+
+int omv_pipe_send(omv_pipe_t *self, const void *cmd, size_t len, const void *extra,
+                  size_t extra_len, omv_payload_t *payload)
+{
+    int r = 0;
+    if (zmq_send(self->sock, cmd, len, ZMQ_SNDMORE) < 0 ||
+        zmq_send(self->sock, extra, extra_len, payload ? ZMQ_SNDMORE : 0) < 0)
+        r = -errno;
+    if (payload) {
+        if (r == 0 && zmq_msg_send(as_msg(payload), self->sock, 0) < 0)
+            r = -errno;
+        zmq_msg_close(as_msg(payload));
+    }
+    return r;
+}
+
+int omv_pipe_recv(omv_pipe_t *self, void *cmd, size_t cap, size_t *ret_len, void *extra,
+                  size_t extra_cap, size_t *ret_extra_len, omv_payload_t *ret_payload,
+                  int *ret_has_payload, int timeout_ms)
+{
+    if (timeout_ms >= 0) {
+        zmq_pollitem_t it = {self->sock, 0, ZMQ_POLLIN, 0};
+        int n = zmq_poll(&it, 1, timeout_ms);
+        if (n < 0)
+            return -errno;
+        if (n == 0)
+            return -EAGAIN;
+    }
+    int n = zmq_recv(self->sock, cmd, cap, 0);
+    if (n < 0)
+        return -errno;
+    *ret_len = (size_t)n;
+    *ret_extra_len = 0;
+    *ret_has_payload = 0;
+    if (more(self->sock)) {
+        n = zmq_recv(self->sock, extra, extra_cap, 0);
+        if (n < 0)
+            return -errno;
+        *ret_extra_len = (size_t)n > extra_cap ? extra_cap : (size_t)n;
+    }
+    if (more(self->sock)) {
+        zmq_msg_init(as_msg(ret_payload));
+        if (zmq_msg_recv(as_msg(ret_payload), self->sock, 0) < 0) {
+            int e = -errno;
+            zmq_msg_close(as_msg(ret_payload));
+            return e;
+        }
+        *ret_has_payload = 1;
+    }
+    drain(self->sock);
     return 0;
 }

@@ -19,11 +19,12 @@ typedef struct omv_router omv_router_t;
 omv_router_t *omv_router_new(const char *endpoint);
 void omv_router_destroy(omv_router_t **self_p);
 
-/* Waits up to timeout_ms for a message on the router or input on any of fds[nfds]; revents[i]
- * gets POLLIN for ready fds, *ret_router whether the router has messages. Returns >= 0 or a
- * negative errno (-EINTR on a signal). */
+/* Waits up to timeout_ms for a message on the router, on any loop end of the pipes made with
+ * omv_router_pipe, or input on any of fds[nfds]; revents[i] gets POLLIN for ready fds,
+ * *ret_router whether the router has messages, *ret_pipes whether a pipe has. Returns >= 0 or
+ * a negative errno (-EINTR on a signal). */
 int omv_router_poll(omv_router_t *self, const int *fds, int nfds, short *revents, int *ret_router,
-                    int timeout_ms);
+                    int *ret_pipes, int timeout_ms);
 
 /* Receives one message without waiting. Returns 0, -EAGAIN when none is queued, or -EPROTO for a
  * malformed one (reason in why[OMV_WIRE_REASON_MAX], *ret_peer still set so it can be answered).
@@ -35,3 +36,50 @@ const void *omv_router_payload(const omv_router_t *self, size_t *ret_len);
  * loses the message. Returns 0 or a negative errno. */
 int omv_router_send(omv_router_t *self, const omv_peer_t *peer, const omv_msg_t *msg,
                     const float *payload);
+
+/* ---- payloads that move between threads without copies ---- */
+
+/* Room for a ZeroMQ message; use only through the functions below. */
+typedef struct {
+    _Alignas(16) unsigned char opaque[64];
+} omv_payload_t;
+
+void omv_payload_init(omv_payload_t *self); /* empty */
+/* Wraps data[len] without copying; release(data, hint) runs (on any thread) when the last
+ * message using it is gone. Returns 0 or a negative errno. */
+int omv_payload_init_shared(omv_payload_t *self, void *data, size_t len,
+                            void (*release)(void *data, void *hint), void *hint);
+void *omv_payload_data(omv_payload_t *self, size_t *ret_len);
+void omv_payload_close(omv_payload_t *self);
+
+/* Moves the payload of the last message received into ret (the router no longer has it). */
+void omv_router_take_payload(omv_router_t *self, omv_payload_t *ret);
+
+/* Sends an encoded envelope env[len] and a payload (taken, sent without a copy) to peer. */
+int omv_router_send_raw(omv_router_t *self, const omv_peer_t *peer, const void *env, size_t len,
+                        omv_payload_t *payload);
+
+/* ---- pipes between the event loop and its threads (ZeroMQ inproc PAIRs) ---- */
+
+typedef struct omv_pipe omv_pipe_t;
+
+#define OMV_PIPE_MAX 256
+
+/* Makes a pipe; the loop end is polled by omv_router_poll and closed by omv_router_destroy;
+ * the other end belongs to a thread, and its owner closes it with omv_pipe_destroy after the
+ * thread ends (before omv_router_destroy). Returns 0 or a negative errno. */
+int omv_router_pipe(omv_router_t *self, omv_pipe_t **ret_loop_end, omv_pipe_t **ret_thread_end);
+void omv_pipe_destroy(omv_pipe_t **self_p);
+
+/* Sends a message of three parts: cmd[len], extra[extra_len] (may be empty) and, when payload
+ * is not NULL, the payload (taken). Returns 0 or a negative errno. */
+int omv_pipe_send(omv_pipe_t *self, const void *cmd, size_t len, const void *extra,
+                  size_t extra_len, omv_payload_t *payload);
+
+/* Receives one message, waiting up to timeout_ms (-1: forever): cmd into cmd[cap] (its length
+ * in *ret_len), extra into extra[extra_cap] (*ret_extra_len), the payload into ret_payload
+ * (*ret_has_payload says whether there was one; close it when done). Returns 0, -EAGAIN, or a
+ * negative errno. */
+int omv_pipe_recv(omv_pipe_t *self, void *cmd, size_t cap, size_t *ret_len, void *extra,
+                  size_t extra_cap, size_t *ret_extra_len, omv_payload_t *ret_payload,
+                  int *ret_has_payload, int timeout_ms);

@@ -195,17 +195,26 @@ static void expect_error(peer_t *p, omv_refuse_t code)
     ck_assert(strlen(m.u.error.reason) > 0);
 }
 
-/* Pulls step into model[param_count], checking shard by shard. */
+/* Pulls step into model[param_count], checking shard by shard. Shards answer in any order (each
+ * has its own thread); each must answer exactly once, where the job says it lies. */
 static void pull_model(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j, float *model)
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
     m.u.pull = (omv_pull_t){id, step};
     peer_send(p, &m, NULL, 0);
-    for (uint32_t s = 0; s < j->n_shards; s++) {
-        peer_recv(p, &m, model + j->shard_offsets[s], j->param_count);
+    static float part[1 << 16];
+    uint8_t got[OMV_WIRE_MAX_SHARDS] = {0};
+    for (uint32_t n = 0; n < j->n_shards; n++) {
+        peer_recv(p, &m, part, sizeof(part) / sizeof(part[0]));
         ck_assert_int_eq(m.type, OMV_MSG_PARAMS);
         ck_assert_int_eq(m.u.params.step, step);
+        uint32_t s = m.u.params.shard;
+        ck_assert_uint_lt(s, j->n_shards);
+        ck_assert_msg(!got[s], "shard %u answered twice", s);
+        got[s] = 1;
         ck_assert_int_eq(m.u.params.offset, j->shard_offsets[s]);
+        ck_assert_int_eq(m.u.params.count, j->shard_offsets[s + 1] - j->shard_offsets[s]);
+        memcpy(model + j->shard_offsets[s], part, m.u.params.count * sizeof(float));
     }
 }
 

@@ -1,0 +1,329 @@
+/* A shard's thread: the command loop, and the snapshots that answer pulls without copies. */
+#define OMV_LOG_TAG "shard"
+#include "shard_thread.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+#include "wire.h"
+
+/* Snapshots in flight at once: one per version being sent; more than this and a pull is
+ * answered with a copy of its own. */
+#define MAX_SNAPSHOTS 16
+
+typedef struct {
+    float *data;       /* [count] */
+    atomic_int refs;   /* messages that still use it (released by ZeroMQ's I/O thread) */
+    uint64_t version;  /* the shard's version it holds */
+} snapshot_t;
+
+struct omv_shard_thread {
+    pthread_t thread;
+    int started;
+    omv_pipe_t *loop_end, *mine;
+    omv_shard_t *shard;
+    uint32_t index;
+    uint32_t *counted; /* [n_groups] finite gradients in the group's pending sum */
+    uint64_t version;  /* updates applied */
+    snapshot_t snaps[MAX_SNAPSHOTS];
+    int n_snaps;
+    float *scratch; /* [count] for a gradient whose bytes are not float-aligned */
+    atomic_uint_fast64_t snapshots_made, serves;
+    uint8_t extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
+};
+
+static void release_snapshot(void *data, void *hint)
+{
+    (void)data;
+    snapshot_t *s = hint;
+    atomic_fetch_sub_explicit(&s->refs, 1, memory_order_release);
+}
+
+/* A snapshot of the current version: the one already made, or a free one refreshed. NULL when
+ * all are in flight. */
+static snapshot_t *current_snapshot(omv_shard_thread_t *self)
+{
+    snapshot_t *free_one = NULL;
+    for (int i = 0; i < self->n_snaps; i++) {
+        snapshot_t *s = &self->snaps[i];
+        int refs = atomic_load_explicit(&s->refs, memory_order_acquire);
+        if (s->version == self->version && s->data != NULL)
+            return s;
+        if (refs == 0 && free_one == NULL)
+            free_one = s;
+    }
+    if (free_one == NULL && self->n_snaps < MAX_SNAPSHOTS) {
+        free_one = &self->snaps[self->n_snaps];
+        free_one->data = malloc((self->shard->count ? self->shard->count : 1) * sizeof(float));
+        if (free_one->data == NULL)
+            return NULL;
+        atomic_init(&free_one->refs, 0);
+        self->n_snaps++;
+    }
+    if (free_one == NULL)
+        return NULL;
+    memcpy(free_one->data, self->shard->params, self->shard->count * sizeof(float));
+    free_one->version = self->version;
+    atomic_fetch_add_explicit(&self->snapshots_made, 1, memory_order_relaxed);
+    return free_one;
+}
+
+static void reply(omv_shard_thread_t *self, uint32_t type, const omv_shard_cmd_t *cmd,
+                  const void *peer, size_t peer_len, const void *env, size_t env_len,
+                  omv_payload_t *payload)
+{
+    omv_shard_reply_t rep = {type, self->index, cmd->group, cmd->worker_id, cmd->step,
+                             (uint32_t)peer_len};
+    if (peer_len)
+        memcpy(self->extra, peer, peer_len);
+    if (env_len)
+        memcpy(self->extra + peer_len, env, env_len);
+    int r = omv_pipe_send(self->mine, &rep, sizeof(rep), self->extra, peer_len + env_len, payload);
+    if (r < 0)
+        omv_log_error("shard %u cannot reply: %s", self->index, omv_strerror(r));
+}
+
+static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
+                    size_t peer_len, omv_payload_t *payload)
+{
+    omv_shard_t *sh = self->shard;
+    size_t len;
+    const void *data = omv_payload_data(payload, &len);
+    if (len != (size_t)sh->count * sizeof(float) || cmd->group >= sh->n_groups) {
+        /* The event loop checked the shape; this would be our bug, not the worker's. */
+        omv_log_error("shard %u: a gradient of %zu bytes for group %u does not fit", self->index,
+                      len, cmd->group);
+        omv_payload_close(payload);
+        return;
+    }
+    const float *grad = data;
+    if (((uintptr_t)data & (sizeof(float) - 1)) != 0) {
+        memcpy(self->scratch, data, len);
+        grad = self->scratch;
+    }
+    if (omv_all_finite(grad, sh->count)) {
+        omv_shard_accumulate(sh, cmd->group, grad);
+        self->counted[cmd->group]++;
+    } else {
+        reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
+    }
+    omv_payload_close(payload);
+}
+
+static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
+                     size_t peer_len)
+{
+    omv_shard_t *sh = self->shard;
+    omv_msg_t m = {.type = OMV_MSG_PARAMS};
+    m.u.params = (omv_params_t){cmd->step,       self->index,      sh->offset, sh->count,
+                                cmd->group,      cmd->slice_begin, cmd->slice_count, cmd->batch};
+    uint8_t env[1024];
+    size_t env_len;
+    if (omv_wire_encode(&m, env, sizeof(env), &env_len) < 0) {
+        omv_log_error("shard %u cannot encode parameters", self->index);
+        return;
+    }
+    omv_payload_t payload;
+    snapshot_t *s = current_snapshot(self);
+    int r;
+    if (s != NULL) {
+        atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+        r = omv_payload_init_shared(&payload, s->data, sh->count * sizeof(float),
+                                    release_snapshot, s);
+        if (r < 0)
+            atomic_fetch_sub_explicit(&s->refs, 1, memory_order_relaxed);
+    } else {
+        /* Every snapshot is still on its way out: this pull gets a copy of its own. */
+        float *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
+        r = copy ? 0 : -ENOMEM;
+        if (copy) {
+            memcpy(copy, sh->params, sh->count * sizeof(float));
+            r = omv_payload_init_shared(&payload, copy, sh->count * sizeof(float), NULL, NULL);
+            (void)r;
+            /* ZeroMQ frees data with free() when no release function is given. */
+        }
+    }
+    if (r < 0) {
+        omv_log_error("shard %u cannot answer a pull: %s", self->index, omv_strerror(r));
+        return;
+    }
+    atomic_fetch_add_explicit(&self->serves, 1, memory_order_relaxed);
+    reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, &payload);
+}
+
+/* Runs one command (the payload, if any, is taken). Returns 1 for QUIT, else 0. */
+static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
+                  size_t peer_len, omv_payload_t *payload)
+{
+    omv_shard_t *sh = self->shard;
+    switch (cmd->type) {
+    case OMV_SHARD_CMD_PUSH:
+        if (payload) {
+            on_push(self, cmd, peer, peer_len, payload);
+            payload = NULL;
+        }
+        break;
+    case OMV_SHARD_CMD_APPLY:
+        if (cmd->group < sh->n_groups) {
+            omv_shard_apply(sh, cmd->group, self->counted[cmd->group], &cmd->sgd);
+            if (self->counted[cmd->group] > 0)
+                self->version++;
+            self->counted[cmd->group] = 0;
+        }
+        break;
+    case OMV_SHARD_CMD_DISCARD:
+        if (cmd->group < sh->n_groups) {
+            omv_shard_discard(sh, cmd->group);
+            self->counted[cmd->group] = 0;
+        }
+        break;
+    case OMV_SHARD_CMD_SERVE:
+        on_serve(self, cmd, peer, peer_len);
+        break;
+    case OMV_SHARD_CMD_GATHER:
+        if (cmd->params_dst)
+            memcpy(cmd->params_dst + sh->offset, sh->params, sh->count * sizeof(float));
+        if (cmd->velocity_dst)
+            memcpy(cmd->velocity_dst + sh->offset, sh->velocity, sh->count * sizeof(float));
+        reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
+        break;
+    default:
+        break;
+    }
+    if (payload)
+        omv_payload_close(payload);
+    return cmd->type == OMV_SHARD_CMD_QUIT;
+}
+
+static void *run(void *arg)
+{
+    omv_shard_thread_t *self = arg;
+    uint8_t peer[sizeof(((omv_peer_t *)0)->id)];
+    for (;;) {
+        omv_shard_cmd_t cmd;
+        size_t len, peer_len;
+        omv_payload_t payload;
+        int has_payload;
+        int r = omv_pipe_recv(self->mine, &cmd, sizeof(cmd), &len, peer, sizeof(peer), &peer_len,
+                              &payload, &has_payload, -1);
+        if (r == -EINTR)
+            continue;
+        if (r < 0) {
+            omv_log_error("shard %u: pipe failed: %s", self->index, omv_strerror(r));
+            break;
+        }
+        if (len != sizeof(cmd)) {
+            if (has_payload)
+                omv_payload_close(&payload);
+            continue;
+        }
+        if (handle(self, &cmd, peer, peer_len, has_payload ? &payload : NULL))
+            break;
+    }
+    return NULL;
+}
+
+omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shard,
+                                         uint32_t index, int threaded)
+{
+    omv_shard_thread_t *self = calloc(1, sizeof(*self));
+    if (self == NULL)
+        return NULL;
+    self->shard = shard;
+    self->index = index;
+    self->counted = calloc(shard->n_groups ? shard->n_groups : 1, sizeof(uint32_t));
+    self->scratch = malloc((shard->count ? shard->count : 1) * sizeof(float));
+    atomic_init(&self->snapshots_made, 0);
+    atomic_init(&self->serves, 0);
+    int r = -ENOMEM;
+    if (self->counted == NULL || self->scratch == NULL)
+        goto fail;
+    r = omv_router_pipe(router, &self->loop_end, &self->mine);
+    if (r < 0)
+        goto fail;
+    if (!threaded)
+        return self; /* commands run on the sender's thread; replies still go through the pipe */
+    r = -pthread_create(&self->thread, NULL, run, self);
+    if (r < 0)
+        goto fail;
+    self->started = 1;
+    return self;
+fail:
+    /* The loop end stays with the router, which closes it. */
+    omv_pipe_destroy(&self->mine);
+    free(self->counted);
+    free(self->scratch);
+    free(self);
+    errno = -r;
+    return NULL;
+}
+
+void omv_shard_thread_stop(omv_shard_thread_t *self)
+{
+    if (self == NULL)
+        return;
+    if (!self->started) {
+        omv_pipe_destroy(&self->mine);
+        return;
+    }
+    omv_shard_cmd_t quit = {.type = OMV_SHARD_CMD_QUIT};
+    omv_shard_thread_send(self, &quit, NULL, NULL);
+    pthread_join(self->thread, NULL);
+    self->started = 0;
+    omv_pipe_destroy(&self->mine);
+}
+
+void omv_shard_thread_destroy(omv_shard_thread_t **self_p)
+{
+    omv_shard_thread_t *self = *self_p;
+    if (self == NULL)
+        return;
+    omv_shard_thread_stop(self);
+    for (int i = 0; i < self->n_snaps; i++)
+        free(self->snaps[i].data);
+    free(self->counted);
+    free(self->scratch);
+    free(self);
+    *self_p = NULL;
+}
+
+omv_pipe_t *omv_shard_thread_pipe(omv_shard_thread_t *self)
+{
+    return self->loop_end;
+}
+
+int omv_shard_thread_send(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd,
+                          const omv_peer_t *peer, omv_payload_t *payload)
+{
+    if (!self->started) {
+        if (self->mine == NULL) {
+            if (payload)
+                omv_payload_close(payload);
+            return -EPIPE;
+        }
+        handle(self, cmd, peer ? peer->id : NULL, peer ? peer->len : 0, payload);
+        return 0;
+    }
+    return omv_pipe_send(self->loop_end, cmd, sizeof(*cmd), peer ? peer->id : NULL,
+                         peer ? peer->len : 0, payload);
+}
+
+void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,
+                            uint64_t *ret_serves)
+{
+    *ret_snapshots = atomic_load_explicit(&((omv_shard_thread_t *)self)->snapshots_made,
+                                          memory_order_relaxed);
+    *ret_serves = atomic_load_explicit(&((omv_shard_thread_t *)self)->serves,
+                                       memory_order_relaxed);
+}
+
+int omv_shard_thread_threaded(const omv_shard_thread_t *self)
+{
+    return self->started;
+}

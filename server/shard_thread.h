@@ -1,0 +1,80 @@
+/* A shard's thread: it owns the shard's parameters, momentum and pending sums while it runs,
+ * and does everything that touches them (checking and adding gradients, applying updates,
+ * answering pulls with a snapshot that ZeroMQ sends without copying), on commands from the
+ * event loop over an inproc pipe. Commands to one shard run in the order they were sent, so an
+ * update is always applied before a later pull of the same shard is answered. */
+#pragma once
+
+#include <stdint.h>
+
+#include "router.h"
+#include "shard.h"
+
+typedef struct omv_shard_thread omv_shard_thread_t;
+
+/* Shards smaller than this (64 Ki parameters, 256 KiB) are better off without a thread. */
+#define OMV_SHARD_THREAD_MIN_PARAMS (64u * 1024u)
+
+/* Commands (the event loop sends them with omv_shard_thread_*). */
+typedef enum {
+    OMV_SHARD_CMD_PUSH = 1, /* extra: the peer; payload: the gradient */
+    OMV_SHARD_CMD_APPLY,
+    OMV_SHARD_CMD_DISCARD,
+    OMV_SHARD_CMD_SERVE,  /* extra: the peer */
+    OMV_SHARD_CMD_GATHER, /* copy parameters (and momentum) out, then acknowledge */
+    OMV_SHARD_CMD_QUIT,
+} omv_shard_cmd_type_t;
+
+typedef struct {
+    uint32_t type;
+    uint32_t group;
+    uint64_t step;
+    uint32_t worker_id;
+    uint32_t slice_begin, slice_count, batch; /* SERVE: what the Params message says */
+    omv_sgd_t sgd;                            /* APPLY */
+    float *params_dst, *velocity_dst;         /* GATHER: whole-model arrays (velocity may be
+                                               * NULL); the shard writes its range */
+} omv_shard_cmd_t;
+
+/* Replies, from the thread to the event loop. */
+typedef enum {
+    OMV_SHARD_REPLY_OUT = 1, /* extra: peer bytes then an encoded envelope; payload: params */
+    OMV_SHARD_REPLY_NOT_FINITE, /* a gradient had NaN or Inf: dropped; extra: the peer */
+    OMV_SHARD_REPLY_ACK,        /* GATHER is done */
+} omv_shard_reply_type_t;
+
+typedef struct {
+    uint32_t type;
+    uint32_t shard;
+    uint32_t group;
+    uint32_t worker_id;
+    uint64_t step;
+    uint32_t peer_len; /* OUT, NOT_FINITE: how many bytes of extra are the peer's id */
+} omv_shard_reply_t;
+
+/* Starts the thread for shard `index`; the shard is the thread's until omv_shard_thread_stop.
+ * With threaded 0 there is no thread: commands run at once on the sender's thread (for small
+ * shards, where waking a thread costs more than the work), and replies still come through the
+ * pipe, so the caller sees no difference. Returns NULL with errno set. */
+omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shard,
+                                         uint32_t index, int threaded);
+
+/* Whether the shard has a thread of its own. */
+int omv_shard_thread_threaded(const omv_shard_thread_t *self);
+/* Tells the thread to quit and joins it; the shard is the caller's again. */
+void omv_shard_thread_stop(omv_shard_thread_t *self);
+/* Frees what is left; call after omv_router_destroy (ZeroMQ may hold snapshots until then). */
+void omv_shard_thread_destroy(omv_shard_thread_t **self_p);
+
+/* The event loop's end of the thread's pipe (replies arrive there). */
+omv_pipe_t *omv_shard_thread_pipe(omv_shard_thread_t *self);
+
+/* Sends a command; peer (PUSH, SERVE) and payload (PUSH: taken) as the command needs. Returns
+ * 0 or a negative errno. */
+int omv_shard_thread_send(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd,
+                          const omv_peer_t *peer, omv_payload_t *payload);
+
+/* How many snapshots of the parameters the thread made (one per version that was pulled) and
+ * how many pulls they answered, for status. */
+void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,
+                            uint64_t *ret_serves);
