@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -280,6 +281,48 @@ START_TEST(test_daemon_killed_and_restarted)
 }
 END_TEST
 
+/* `systemctl restart omnivored` in the middle of a job: SIGTERM writes a checkpoint, the workers
+ * wait, and the new daemon carries on from where the old one stopped. */
+START_TEST(test_daemon_sigterm_mid_job)
+{
+    write_job(2, 30, "groups = 1");
+    pid_t d = start_daemon();
+    pid_t w1 = start_worker_slow("trainer", "2");
+    pid_t w2 = start_worker_slow("trainer", "2");
+    pid_t ev = start_worker("evaluator");
+    wait_status("step", 40, 30000);
+    kill(d, SIGTERM);
+    expect_exit_0(d, "omnivored after SIGTERM");
+    double step_at_stop = 40;
+
+    /* The checkpoint is on disk, and the workers are waiting, not gone. */
+    char path[700];
+    snprintf(path, sizeof(path), "%s/checkpoints/blobs", test_dir);
+    DIR *dp = opendir(path);
+    ck_assert_msg(dp != NULL, "no checkpoint folder %s", path);
+    int files = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)) != NULL)
+        files += strncmp(de->d_name, "checkpoint-", 11) == 0;
+    closedir(dp);
+    ck_assert_int_ge(files, 1);
+    sleep_ms(300);
+    ck_assert_int_eq(waitpid(w1, NULL, WNOHANG), 0);
+    ck_assert_int_eq(waitpid(w2, NULL, WNOHANG), 0);
+
+    d = start_daemon();
+    ck_assert_msg(status_field("group_clocks") >= step_at_stop,
+                  "resumed behind the step it stopped at");
+    double acc = wait_done();
+    ck_assert_msg(acc > 0.95, "test accuracy %.4f", acc);
+    ck_assert_int_eq(status_field("rejoins_total"), 2);
+    expect_exit_0(w1, "a worker");
+    expect_exit_0(w2, "a worker");
+    expect_exit_0(ev, "the evaluator");
+    shutdown_daemon(d);
+}
+END_TEST
+
 START_TEST(test_example_survives_a_killed_worker)
 {
     if (access(FMNIST, R_OK) != 0) {
@@ -331,6 +374,7 @@ int main(void)
     tcase_add_test(tc, test_join_leave_die_rejoin);
     tcase_add_test(tc, test_staleness_bound_holds);
     tcase_add_test(tc, test_daemon_killed_and_restarted);
+    tcase_add_test(tc, test_daemon_sigterm_mid_job);
     tcase_add_test(tc, test_example_survives_a_killed_worker);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
