@@ -69,6 +69,16 @@ pid_t spawn(char *const argv[])
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
+        /* OMV_TEST_VALGRIND=1 runs the daemon and the workers under valgrind (errors exit 99). */
+        if (getenv("OMV_TEST_VALGRIND") && strcmp(getenv("OMV_TEST_VALGRIND"), "1") == 0) {
+            char *vargv[64] = {"valgrind", "-q", "--error-exitcode=99", "--leak-check=full",
+                               "--errors-for-leak-kinds=definite"};
+            int n = 5;
+            for (int i = 0; argv[i] && n < 63; i++)
+                vargv[n++] = argv[i];
+            vargv[n] = NULL;
+            execvp("valgrind", vargv);
+        }
         execv(argv[0], argv);
         _exit(127);
     }
