@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -22,6 +23,11 @@
 #include "strbuf.h"
 #include "testutil.h"
 #include "util.h"
+
+#ifndef PR_SET_MDWE
+#define PR_SET_MDWE 65
+#define PR_MDWE_REFUSE_EXEC_GAIN 1
+#endif
 
 /* Runs `omnivorectl ARGS` (stderr merged into out); returns its exit status. */
 static int ctl(char *out, size_t cap, const char *env, const char *args)
@@ -369,6 +375,47 @@ START_TEST(test_sd_notify)
 }
 END_TEST
 
+START_TEST(test_memory_deny_write_execute)
+{
+    /* The units set MemoryDenyWriteExecute=yes: no mapping may be writable and executable, none
+     * may become executable. The kernel's PR_SET_MDWE enforces the same and is kept by the
+     * children and across exec, so a daemon, a trainer and an evaluator train under it here. */
+    if (getenv("CK_FORK") && strcmp(getenv("CK_FORK"), "no") == 0) {
+        printf("test_memory_deny_write_execute: skipped: without fork it would bind valgrind\n");
+        return;
+    }
+    if (prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0) {
+        printf("test_memory_deny_write_execute: skipped: the kernel has no PR_SET_MDWE (%s; "
+               "Linux 6.3 or later)\n", strerror(errno));
+        return;
+    }
+    write_job(1, 2, "");
+    pid_t d = start_daemon();
+    pid_t w[2] = {start_worker("trainer"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 60000;
+    for (;;) {
+        ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 5000), 0);
+        char state[32] = "";
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            break;
+        ck_assert_msg(strcmp(state, "failed") != 0, "%s", omv_strbuf_str(&body));
+        ck_assert_msg(omv_time_ms() < deadline, "not done: %s", omv_strbuf_str(&body));
+        sleep_ms(50);
+    }
+    ck_assert_msg(field(omv_strbuf_str(&body), "test_accuracy") > 0.9, "%s", omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    for (int i = 0; i < 2; i++) {
+        int status;
+        ck_assert_int_eq(waitpid(w[i], &status, 0), w[i]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "worker: status %d", status);
+    }
+    stop_all(d, NULL, 0);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops");
@@ -378,6 +425,7 @@ int main(void)
     tcase_add_test(tc, test_groups_metrics_watch);
     tcase_add_test(tc, test_errors_say_what_to_do);
     tcase_add_test(tc, test_sd_notify);
+    tcase_add_test(tc, test_memory_deny_write_execute);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }
