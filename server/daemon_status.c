@@ -244,13 +244,14 @@ static void reply_metrics(omv_daemon_t *d, omv_strbuf_t *out)
            (double)d->images_total);
     metric(out, "omnivore_images_per_second", "gauge",
            "Training throughput over the job's training time.", images_per_second(d));
-    metric(out, "omnivore_train_loss", "gauge", "Training loss of the last gradient pushed (NaN before one).",
+    metric(out, "omnivore_train_loss", "gauge",
+           "Training loss of the last gradient pushed (NaN before one).",
            d->images_total ? d->last_loss : NAN);
     metric(out, "omnivore_test_accuracy_ratio", "gauge",
            "Test accuracy of the last evaluation, 0 to 1 (NaN before one).",
            d->n_history ? d->history[d->n_history - 1].accuracy : NAN);
-    metric(out, "omnivore_evaluations_total", "counter", "Evaluations of the model on the test set.",
-           (double)d->n_history);
+    metric(out, "omnivore_evaluations_total", "counter",
+           "Evaluations of the model on the test set.", (double)d->n_history);
     metric(out, "omnivore_workers_expected", "gauge", "Trainers the job asks for.",
            (double)d->job.workers);
     metric(out, "omnivore_workers_alive", "gauge", "Trainers registered and alive now.",

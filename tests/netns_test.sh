@@ -11,7 +11,8 @@ LOSS_MAX=0.15   # the training loss the job must reach
 ACC_MIN=0.95    # and the test accuracy
 
 skip() { echo "skipped: $*"; exit 77; }
-[ "$(id -u)" -eq 0 ] || skip "needs root to make network namespaces (run as root: sudo meson test netns)"
+fail() { echo "FAIL: $*"; [ -f "$tmp/status" ] && cat "$tmp/status"; exit 1; }
+[ "$(id -u)" -eq 0 ] || skip "needs root to make network namespaces (sudo meson test netns)"
 command -v ip >/dev/null 2>&1 || skip "no 'ip' command (Debian package iproute2)"
 command -v unshare >/dev/null 2>&1 || skip "no 'unshare' command (Debian package util-linux)"
 
@@ -36,7 +37,8 @@ ip netns add "$ns_head" 2>"$tmp/err" || skip "ip netns add failed: $(cat "$tmp/e
 ip netns add "$ns_w1"
 ip netns add "$ns_w2"
 # The head's bridge 10.77.0.1/24; each worker host's veth end 10.77.0.(i+1) on it.
-ip -n "$ns_head" link add br0 type bridge 2>"$tmp/err" || skip "no bridge support: $(cat "$tmp/err")"
+ip -n "$ns_head" link add br0 type bridge 2>"$tmp/err" ||
+    skip "no bridge support: $(cat "$tmp/err")"
 ip -n "$ns_head" addr add 10.77.0.1/24 dev br0
 ip -n "$ns_head" link set br0 up
 ip -n "$ns_head" link set lo up
@@ -51,7 +53,7 @@ for ns in $ns_w1 $ns_w2; do
 done
 if command -v ping >/dev/null 2>&1; then
     for ns in $ns_w1 $ns_w2; do
-        ip netns exec "$ns" ping -c 1 -W 5 10.77.0.1 >/dev/null || { echo "FAIL: $ns cannot reach the head"; exit 1; }
+        ip netns exec "$ns" ping -c 1 -W 5 10.77.0.1 >/dev/null || fail "$ns cannot reach the head"
     done
 fi
 
@@ -137,18 +139,18 @@ while :; do
         esac
     done
     [ "$state" = failed ] && { echo "FAIL: job failed"; cat "$tmp/status"; exit 1; }
-    [ $(($(date +%s) - start)) -lt 180 ] || { echo "FAIL: not done in 180 s"; cat "$tmp/status"; exit 1; }
+    [ $(($(date +%s) - start)) -lt 180 ] || fail "not done in 180 s"
     sleep 0.2
 done
 acc=$(val test_accuracy)
 echo "done: epoch $(val epoch), loss $(val loss), test_accuracy $acc, $polls status reads"
-[ -n "$reached" ] || { echo "FAIL: the loss never fell below $LOSS_MAX"; cat "$tmp/status"; exit 1; }
+[ -n "$reached" ] || fail "the loss never fell below $LOSS_MAX"
 awk "BEGIN { exit !($acc >= $ACC_MIN) }" || { echo "FAIL: test_accuracy $acc < $ACC_MIN"; exit 1; }
 
 # The daemon saw three hosts, and the gradients crossed the veths.
 "$ctl" --socket "$sock" workers >"$tmp/workers"
 for h in worker1 worker2; do
-    grep -q "^host:$h$" "$tmp/workers" || { echo "FAIL: no worker from $h"; cat "$tmp/workers"; exit 1; }
+    grep -q "^host:$h$" "$tmp/workers" || fail "no worker from $h: $(cat "$tmp/workers")"
 done
 for ns in $ns_w1 $ns_w2; do
     tx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes)

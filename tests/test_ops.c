@@ -63,14 +63,13 @@ static int count_text(const char *s, const char *text)
 static int check_exposition(const char *text)
 {
     regex_t sample, label, help, type;
-    ck_assert_int_eq(regcomp(&sample,
-                             "^([a-zA-Z_:][a-zA-Z0-9_:]*)(\\{([^}]*)\\})? ([^ ]+)$",
-                             REG_EXTENDED), 0);
-    ck_assert_int_eq(regcomp(&label, "^[a-zA-Z_][a-zA-Z0-9_]*=\"([^\"\\\\]|\\\\.)*\"$",
-                             REG_EXTENDED), 0);
+    ck_assert_int_eq(
+        regcomp(&sample, "^([a-zA-Z_:][a-zA-Z0-9_:]*)(\\{([^}]*)\\})? ([^ ]+)$", REG_EXTENDED), 0);
+    ck_assert_int_eq(
+        regcomp(&label, "^[a-zA-Z_][a-zA-Z0-9_]*=\"([^\"\\\\]|\\\\.)*\"$", REG_EXTENDED), 0);
     ck_assert_int_eq(regcomp(&help, "^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$", REG_EXTENDED), 0);
-    ck_assert_int_eq(regcomp(&type, "^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)$",
-                             REG_EXTENDED), 0);
+    ck_assert_int_eq(
+        regcomp(&type, "^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)$", REG_EXTENDED), 0);
     char helped[128] = "", typed[128] = "", kind[16] = "";
     int samples = 0;
     char *copy = strdup(text), *save = NULL;
@@ -86,8 +85,7 @@ static int check_exposition(const char *text)
         if (regexec(&type, line, 3, m, 0) == 0) {
             snprintf(typed, sizeof(typed), "%.*s", (int)(m[1].rm_eo - m[1].rm_so),
                      line + m[1].rm_so);
-            snprintf(kind, sizeof(kind), "%.*s", (int)(m[2].rm_eo - m[2].rm_so),
-                     line + m[2].rm_so);
+            snprintf(kind, sizeof(kind), "%.*s", (int)(m[2].rm_eo - m[2].rm_so), line + m[2].rm_so);
             ck_assert_msg(strcmp(typed, helped) == 0, "TYPE without its HELP: %s", line);
             ck_assert_msg(strncmp(typed, "omnivore_", 9) == 0, "not omnivore_*: %s", line);
             size_t n = strlen(typed);
@@ -222,8 +220,8 @@ START_TEST(test_groups_metrics_watch)
     if (pid == 0) {
         FILE *f = freopen(log, "w", stdout);
         (void)f;
-        execl(bin("OMNIVORECTL"), "omnivorectl", "--socket", sock_path, "watch", "--interval",
-              "60", (char *)NULL);
+        execl(bin("OMNIVORECTL"), "omnivorectl", "--socket", sock_path, "watch", "--interval", "60",
+              (char *)NULL);
         _exit(127);
     }
     int64_t deadline = omv_time_ms() + 10000;
@@ -309,14 +307,14 @@ START_TEST(test_errors_say_what_to_do)
         chmod(dead, 0);
         ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
     }
-    ck_assert_msg(has_text(out, "permission denied on") && has_text(out, "join the group '"),
-                  "%s", out);
+    ck_assert_msg(has_text(out, "permission denied on") && has_text(out, "join the group '"), "%s",
+                  out);
 
     /* Usage errors are 2, and --help names every command. */
     ck_assert_int_eq(ctl(out, sizeof(out), NULL, "frobnicate"), 2);
     ck_assert_int_eq(ctl(out, sizeof(out), NULL, "--help"), 0);
-    const char *cmds[] = {"status", "workers", "groups", "metrics", "watch", "summary",
-                          "checkpoint", "shutdown", "run", "help"};
+    const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
+                          "summary", "checkpoint", "shutdown", "run",     "help"};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(cmds); i++) {
         char line[64];
         snprintf(line, sizeof(line), "\n  %s ", cmds[i]);
@@ -386,7 +384,8 @@ START_TEST(test_memory_deny_write_execute)
     }
     if (prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0) {
         printf("test_memory_deny_write_execute: skipped: the kernel has no PR_SET_MDWE (%s; "
-               "Linux 6.3 or later)\n", strerror(errno));
+               "Linux 6.3 or later)\n",
+               strerror(errno));
         return;
     }
     write_job(1, 2, "");
