@@ -369,6 +369,9 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
 {
     omv_daemon_t *d = ctx;
     int json = 0;
+    /* systemd's STATUS= line is refreshed from the cron (omv_daemon_notify_status); a request
+     * refreshes it too, so that it is current whenever someone looks (rate-limited). */
+    omv_daemon_notify_status(d);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
