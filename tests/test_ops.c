@@ -209,6 +209,21 @@ START_TEST(test_groups_metrics_watch)
     ck_assert_msg(count_text(out, "# job\n") == 3 && !has_text(out, "\033["), "%s", out);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch -i 0.1 -n 2 groups"), 0);
     ck_assert_msg(count_text(out, "# group 1\n") == 2, "%s", out);
+    /* On a terminal (script(1) gives it one), each refresh clears the screen first. */
+    if (system("command -v script >/dev/null 2>&1") == 0) {
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "script -qec '%s --socket %s watch -i 0.1 -n 2' /dev/null",
+                 bin("OMNIVORECTL"), sock_path);
+        FILE *p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        size_t n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = '\0';
+        ck_assert_int_eq(pclose(p), 0);
+        ck_assert_msg(count_text(out, "\033[H\033[2J# watch\r\ncommand:status") == 2, "%s", out);
+        ck_assert_msg(has_text(out, "Ctrl-C to quit"), "%s", out);
+    } else {
+        printf("test_groups_metrics_watch: no script(1): watch on a terminal not checked\n");
+    }
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch --interval 0"), 2);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch checkpoint"), 2);
 
