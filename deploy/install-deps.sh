@@ -1,10 +1,11 @@
 #!/bin/sh
 # Installs the Debian packages omnivore needs to build, test and run, when any is missing.
+# (libsystemd-dev: sd_notify for omnivored.service; the build works without it: -Dsystemd=auto.)
 # Usage: deploy/install-deps.sh        (as root, or with sudo available)
 set -eu
 
 PACKAGES="build-essential meson ninja-build pkg-config protobuf-c-compiler libprotobuf-c-dev \
-libzmq3-dev libopenblas-dev check zlib1g-dev libinih-dev dataset-fashion-mnist"
+libzmq3-dev libopenblas-dev check zlib1g-dev libinih-dev libsystemd-dev dataset-fashion-mnist"
 
 missing=""
 for p in $PACKAGES; do

@@ -15,6 +15,7 @@
 #include "daemon_priv.h"
 #include "dataset.h"
 #include "log.h"
+#include "notify.h"
 #include "util.h"
 
 #define FIELD(f) offsetof(omv_daemon_config_t, f)
@@ -811,6 +812,7 @@ static void cron(omv_daemon_t *d)
         d->loss_sum = 0;
         d->loss_n = 0;
     }
+    omv_daemon_notify_status(d); /* systemd's STATUS= line (rate-limited) */
 }
 
 /* ---- life ---- */
@@ -1049,6 +1051,7 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
     for (;;) {
         if ((*stop || d->shutdown) && stopping_ms == 0) {
             stopping_ms = omv_time_ms();
+            omv_notify_stopping();
             if (d->state == JOB_RUNNING && d->ckpt_enabled)
                 d->ckpt_due = 1;
         }

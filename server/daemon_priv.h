@@ -141,3 +141,7 @@ int omv_daemon_resume(omv_daemon_t *d);
 int omv_daemon_checkpoint(omv_daemon_t *d, int finished);
 /* Writes a due checkpoint when no group is half-way through applying a step. */
 void omv_daemon_checkpoint_if_due(omv_daemon_t *d);
+
+/* daemon_status.c: sends systemd a one-line STATUS= (state, epoch, step, images/s, workers);
+ * rate-limited in notify.c, so it may be called from every cron tick. */
+void omv_daemon_notify_status(omv_daemon_t *d);

@@ -1,4 +1,5 @@
-/* omnivored's control commands: status, workers, summary, checkpoint, shutdown, help. */
+/* omnivored's control commands: status, workers, groups, metrics, summary, checkpoint, shutdown,
+ * help. */
 #define OMV_LOG_TAG "daemon"
 #include <errno.h>
 #include <math.h>
@@ -9,6 +10,7 @@
 #include "daemon_priv.h"
 #include "kv.h"
 #include "log.h"
+#include "notify.h"
 #include "util.h"
 
 
@@ -133,6 +135,176 @@ static void reply_workers(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_end(&kv);
 }
 
+/* Whether live trainer m is in group g now (those joining with the next step included). */
+static int member_in_group(const omv_daemon_t *d, const member_t *m, uint32_t g)
+{
+    return m->used && m->role == OMV_ROLE_TRAINER && m->state == MEMBER_ALIVE &&
+           omv_groups_of(d->groups, m->slot) == (int)g;
+}
+
+static void reply_groups(omv_daemon_t *d, omv_strbuf_t *out, int json)
+{
+    omv_kv_t kv;
+    omv_kv_begin(&kv, out, json);
+    uint64_t min_clock = omv_groups_min_clock(d->groups);
+    omv_strbuf_t ids;
+    omv_strbuf_init(&ids);
+    for (uint32_t g = 0; g < omv_groups_count(d->groups); g++) {
+        char name[32];
+        snprintf(name, sizeof(name), "group %u", g);
+        omv_kv_section(&kv, name);
+        uint64_t clock = omv_groups_clock(d->groups, g);
+        omv_kv_int(&kv, "id", g);
+        omv_kv_int(&kv, "clock", (int64_t)clock);
+        /* Steps ahead of the slowest live group: what the staleness bound limits. */
+        omv_kv_int(&kv, "ahead_steps",
+                   min_clock == UINT64_MAX || clock < min_clock ? 0 : (int64_t)(clock - min_clock));
+        omv_kv_int(&kv, "live_members", omv_groups_live(d->groups, g));
+        omv_strbuf_clear(&ids);
+        omv_strbuf_append(&ids, json ? "[" : "", json ? 1 : 0);
+        int n = 0;
+        for (uint32_t i = 0; i < d->n_members; i++)
+            if (member_in_group(d, &d->members[i], g))
+                omv_strbuf_printf(&ids, "%s%u", n++ ? (json ? "," : " ") : "", i + 1);
+        omv_strbuf_append(&ids, json ? "]" : "", json ? 1 : 0);
+        /* Worker ids as `omnivorectl workers` numbers them; members joining with the next
+         * step are listed here before live_members counts them. */
+        omv_kv_raw(&kv, "workers", omv_strbuf_str(&ids));
+        omv_kv_int(&kv, "images_this_step", d->group_images ? (int64_t)d->group_images[g] : 0);
+    }
+    omv_strbuf_fini(&ids);
+    omv_kv_end(&kv);
+}
+
+/* ---- metrics: Prometheus text exposition format 0.0.4 ---- */
+
+static void metric_head(omv_strbuf_t *out, const char *name, const char *type, const char *help)
+{
+    omv_strbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* A sample value: Prometheus spells the special values NaN, +Inf and -Inf. */
+static void metric_value(omv_strbuf_t *out, double v)
+{
+    if (isnan(v))
+        omv_strbuf_printf(out, " NaN\n");
+    else if (isinf(v))
+        omv_strbuf_printf(out, " %sInf\n", v > 0 ? "+" : "-");
+    else if (v == (double)(int64_t)v && fabs(v) < 9e15)
+        omv_strbuf_printf(out, " %lld\n", (long long)v);
+    else
+        omv_strbuf_printf(out, " %.6g\n", v);
+}
+
+static void metric(omv_strbuf_t *out, const char *name, const char *type, const char *help,
+                   double v)
+{
+    metric_head(out, name, type, help);
+    omv_strbuf_printf(out, "%s", name);
+    metric_value(out, v);
+}
+
+/* A label value with \, " and newlines escaped as the format asks. */
+static void label_value(omv_strbuf_t *out, const char *v)
+{
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            omv_strbuf_printf(out, "\\%c", *v);
+        else if (*v == '\n')
+            omv_strbuf_printf(out, "\\n");
+        else
+            omv_strbuf_append(out, v, 1);
+    }
+}
+
+static void reply_metrics(omv_daemon_t *d, omv_strbuf_t *out)
+{
+    metric_head(out, "omnivore_info", "gauge", "Build and job of this daemon (always 1).");
+    omv_strbuf_printf(out, "omnivore_info{version=\"%s\",protocol=\"%d\",job_name=\"",
+                      OMV_VERSION, OMV_PROTOCOL_VERSION);
+    label_value(out, d->job.name);
+    omv_strbuf_printf(out, "\"} 1\n");
+    metric_head(out, "omnivore_job_state", "gauge",
+                "The job's state: 1 for the current one, 0 for the others.");
+    for (int s = JOB_WAITING; s <= JOB_FAILED; s++)
+        omv_strbuf_printf(out, "omnivore_job_state{state=\"%s\"} %d\n",
+                          omv_daemon_state_names[s], (int)d->state == s);
+    metric(out, "omnivore_uptime_seconds", "gauge", "Seconds since the daemon started.",
+           omv_time_s() - d->created_s);
+    metric(out, "omnivore_train_seconds", "gauge", "Seconds the job has spent training.",
+           omv_daemon_train_seconds(d));
+    metric(out, "omnivore_epoch", "gauge", "Epochs of training data seen (fractional).",
+           omv_daemon_epoch(d));
+    metric(out, "omnivore_epochs_target", "gauge", "Epochs the job trains for.",
+           (double)d->job.epochs);
+    uint64_t step = omv_groups_min_clock(d->groups);
+    metric(out, "omnivore_step", "gauge", "Steps completed by the slowest live group.",
+           step == UINT64_MAX ? 0.0 : (double)step);
+    metric(out, "omnivore_images_total", "counter", "Training images whose gradients were applied.",
+           (double)d->images_total);
+    metric(out, "omnivore_images_per_second", "gauge",
+           "Training throughput over the job's training time.", images_per_second(d));
+    metric(out, "omnivore_train_loss", "gauge",
+           "Training loss of the last gradient pushed (NaN before one).",
+           d->images_total ? d->last_loss : NAN);
+    metric(out, "omnivore_test_accuracy_ratio", "gauge",
+           "Test accuracy of the last evaluation, 0 to 1 (NaN before one).",
+           d->n_history ? d->history[d->n_history - 1].accuracy : NAN);
+    metric(out, "omnivore_evaluations_total", "counter",
+           "Evaluations of the model on the test set.", (double)d->n_history);
+    metric(out, "omnivore_workers_expected", "gauge", "Trainers the job asks for.",
+           (double)d->job.workers);
+    metric(out, "omnivore_workers_alive", "gauge", "Trainers registered and alive now.",
+           (double)omv_daemon_live_trainers(d));
+    metric(out, "omnivore_worker_joins_total", "counter", "Worker registrations.",
+           (double)d->joins_total);
+    metric(out, "omnivore_worker_rejoins_total", "counter",
+           "Registrations of workers the daemon had declared dead or gone.",
+           (double)d->rejoins_total);
+    metric(out, "omnivore_worker_leaves_total", "counter", "Workers that said goodbye.",
+           (double)d->leaves_total);
+    metric(out, "omnivore_worker_deaths_total", "counter",
+           "Workers declared dead after worker_timeout_s of silence.", (double)d->deaths_total);
+    metric_head(out, "omnivore_gradients_refused_total", "counter",
+                "Messages refused without touching the model, by reason.");
+    for (int i = 1; i < OMV_REFUSE_COUNT_; i++)
+        omv_strbuf_printf(out, "omnivore_gradients_refused_total{reason=\"%s\"} %llu\n",
+                          omv_refuse_name((omv_refuse_t)i), (unsigned long long)d->refused[i]);
+    metric(out, "omnivore_late_gradients_total", "counter",
+           "Gradients that arrived for a step already done.", (double)d->late_total);
+    metric(out, "omnivore_checkpoints_written_total", "counter", "Checkpoints written.",
+           (double)d->ckpt_written_total);
+    metric(out, "omnivore_checkpoints_failed_total", "counter", "Checkpoint writes that failed.",
+           (double)d->ckpt_failed_total);
+    metric(out, "omnivore_checkpoint_last_write_seconds", "gauge",
+           "How long the last checkpoint took to write.", d->ckpt_last_ms / 1000.0);
+    metric(out, "omnivore_groups", "gauge", "Compute groups.", (double)omv_groups_count(d->groups));
+    metric(out, "omnivore_staleness_bound_steps", "gauge",
+           "The job's staleness bound (-1: no bound).", (double)d->job.staleness);
+    metric(out, "omnivore_staleness_max_observed_steps", "gauge",
+           "The largest step gap a served pull had to another group.",
+           (double)d->staleness_max_observed);
+    metric_head(out, "omnivore_group_clock_steps", "gauge", "Steps each compute group completed.");
+    for (uint32_t g = 0; g < omv_groups_count(d->groups); g++)
+        omv_strbuf_printf(out, "omnivore_group_clock_steps{group=\"%u\"} %llu\n", g,
+                          (unsigned long long)omv_groups_clock(d->groups, g));
+    metric_head(out, "omnivore_group_live_members", "gauge", "Live members of each compute group.");
+    for (uint32_t g = 0; g < omv_groups_count(d->groups); g++)
+        omv_strbuf_printf(out, "omnivore_group_live_members{group=\"%u\"} %u\n", g,
+                          omv_groups_live(d->groups, g));
+}
+
+void omv_daemon_notify_status(omv_daemon_t *d)
+{
+    char line[200];
+    uint64_t step = omv_groups_min_clock(d->groups);
+    snprintf(line, sizeof(line), "%s: epoch %.2f/%lld, step %llu, %.0f images/s, %d/%lld workers",
+             omv_daemon_state_names[d->state], omv_daemon_epoch(d), (long long)d->job.epochs,
+             step == UINT64_MAX ? 0ULL : (unsigned long long)step, images_per_second(d),
+             omv_daemon_live_trainers(d), (long long)d->job.workers);
+    omv_notify_status(line);
+}
+
 static void reply_summary(omv_daemon_t *d, omv_strbuf_t *out, int json)
 {
     double acc = d->n_history ? d->history[d->n_history - 1].accuracy : NAN;
@@ -197,6 +369,9 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
 {
     omv_daemon_t *d = ctx;
     int json = 0;
+    /* systemd's STATUS= line is refreshed from the cron (omv_daemon_notify_status); a request
+     * refreshes it too, so that it is current whenever someone looks (rate-limited). */
+    omv_daemon_notify_status(d);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
@@ -209,6 +384,14 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         reply_status(d, reply, json);
     } else if (strcmp(argv[0], "workers") == 0) {
         reply_workers(d, reply, json);
+    } else if (strcmp(argv[0], "groups") == 0) {
+        reply_groups(d, reply, json);
+    } else if (strcmp(argv[0], "metrics") == 0) {
+        if (json) {
+            omv_strbuf_printf(reply, "metrics are Prometheus text only; drop --json");
+            return -EINVAL;
+        }
+        reply_metrics(d, reply);
     } else if (strcmp(argv[0], "summary") == 0) {
         reply_summary(d, reply, json);
     } else if (strcmp(argv[0], "checkpoint") == 0) {
@@ -244,10 +427,12 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
     } else if (strcmp(argv[0], "shutdown") == 0) {
         omv_log_info("shutdown requested over the control socket");
         d->shutdown = 1;
+        omv_notify_stopping();
         omv_strbuf_printf(reply, "shutting down\n");
     } else if (strcmp(argv[0], "help") == 0) {
-        omv_strbuf_printf(reply, "commands: status, workers, summary, checkpoint, shutdown, "
-                                 "help (--json for JSON)\n");
+        omv_strbuf_printf(reply, "commands: status, workers, groups, metrics, summary, "
+                                 "checkpoint, shutdown, help (--json for JSON, but not "
+                                 "metrics)\n");
     } else {
         omv_strbuf_printf(reply, "unknown command '%s'; try 'help'", argv[0]);
         return -EINVAL;

@@ -3,6 +3,7 @@
 #define OMV_LOG_TAG "omnivorectl"
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <libgen.h>
 #include <limits.h>
 #include <signal.h>
@@ -36,25 +37,66 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "Usage: omnivorectl [--socket PATH] COMMAND [--json]\n"
+            "       omnivorectl [--socket PATH] watch [--interval S] [--count N] [COMMAND]\n"
             "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]... [--json]\n\n"
             "Commands for a running omnivored:\n"
             "  status      daemon, job progress, cluster and refusal counters\n"
             "  workers     every registered worker\n"
+            "  groups      every compute group: clock, live members and their worker ids\n"
+            "  metrics     every counter and gauge in Prometheus text format (no --json)\n"
+            "  watch       repeat status (or COMMAND) every S seconds (default 2), in place on a\n"
+            "              terminal; until Ctrl-C, or N times with --count\n"
             "  summary     the job's result and evaluation history\n"
             "  checkpoint  write a checkpoint now and print its path\n"
             "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
-            "              wait for it to come back (a finished job's workers have exited)\n\n"
+            "              wait for it to come back (a finished job's workers have exited)\n"
+            "  help        this text\n\n"
             "  run JOB     start omnivored, N trainers and an evaluator on this machine, train the\n"
             "              job, print its summary and stop them all (default N: the job's workers)\n\n"
             "Options:\n"
             "  -s, --socket PATH   control socket (default $OMNIVORE_SOCKET or " DEFAULT_SOCKET ")\n"
             "  -j, --json          JSON for programs (run: the summary as the last line)\n"
+            "  -i, --interval S    watch: seconds between refreshes (default 2)\n"
+            "  -n, --count N       watch: stop after N refreshes\n"
             "  -w, --workers N     run: trainer processes\n"
             "  -t, --threads T     run: BLAS threads per worker (default 1)\n"
             "      --set S.K=V     run: override a job key, e.g. --set train.learning_rate=0.05\n"
             "  -h, --help          this text\n\n"
             "Exit status: 0 ok, 1 the daemon answered with an error or the job failed,\n"
-            "2 bad usage, 3 the daemon cannot be reached.\n");
+            "2 bad usage, 3 the daemon cannot be reached (no socket, no permission, no answer).\n");
+}
+
+/* Says why the daemon at sock cannot be reached, and what to do about it. */
+static void explain_unreachable(const char *sock, int r)
+{
+    if (r == -ENOENT || r == -ENOTDIR) {
+        fprintf(stderr, "omnivorectl: is omnivored running? socket %s not found (set --socket or "
+                        "$OMNIVORE_SOCKET)\n", sock);
+    } else if (r == -EACCES || r == -EPERM) {
+        /* The socket is 0660 in a 0750 folder: its group (or the folder's, when the folder
+         * itself is what we may not enter) grants access. */
+        struct stat st;
+        char dir[PATH_MAX];
+        omv_strlcpy(dir, sock, sizeof(dir));
+        int have = stat(sock, &st) == 0 || stat(dirname(dir), &st) == 0;
+        struct group *g = have ? getgrgid(st.st_gid) : NULL;
+        if (g)
+            fprintf(stderr, "omnivorectl: permission denied on %s: join the group '%s' (sudo "
+                            "usermod -aG %s $USER, then log in again) or run as root\n", sock,
+                    g->gr_name, g->gr_name);
+        else
+            fprintf(stderr, "omnivorectl: permission denied on %s: join the group that owns it "
+                            "(usually 'omnivore') or run as root\n", sock);
+    } else if (r == -ECONNREFUSED) {
+        fprintf(stderr, "omnivorectl: nothing answers on %s: omnivored has stopped or died "
+                        "(journalctl -u omnivored; systemctl start omnivored)\n", sock);
+    } else if (r == -ETIMEDOUT) {
+        fprintf(stderr, "omnivorectl: omnivored at %s did not answer in time; it may be "
+                        "overloaded or stuck (journalctl -u omnivored)\n", sock);
+    } else {
+        fprintf(stderr, "omnivorectl: cannot reach omnivored at %s: %s (is omnivored running? "
+                        "set --socket or $OMNIVORE_SOCKET)\n", sock, omv_strerror(r));
+    }
 }
 
 static int request(const char *sock, const char *line, omv_strbuf_t *body)
@@ -65,8 +107,7 @@ static int request(const char *sock, const char *line, omv_strbuf_t *body)
         return 1;
     }
     if (r < 0) {
-        fprintf(stderr, "omnivorectl: cannot reach omnivored at %s: %s (is omnivored running? "
-                        "give its socket with --socket)\n", sock, omv_strerror(r));
+        explain_unreachable(sock, r);
         return 3;
     }
     return 0;
@@ -353,6 +394,113 @@ out:
     return rc;
 }
 
+/* ---- watch: a command's reply, refreshed ---- */
+
+static int cmd_watch(const char *sock, int argc, char **argv, int json)
+{
+    double interval = 2.0;
+    long count = 0;
+    static const struct option opts[] = {
+        {"interval", required_argument, NULL, 'i'}, {"count", required_argument, NULL, 'n'},
+        {"json", no_argument, NULL, 'j'},           {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "+i:n:j", opts, NULL)) != -1) {
+        char *end;
+        if (c == 'i') {
+            interval = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || !(interval >= 0.05 && interval <= 86400)) {
+                fprintf(stderr, "omnivorectl watch: --interval: '%s' is not a number of seconds "
+                                "from 0.05 to 86400\n", optarg);
+                return 2;
+            }
+        } else if (c == 'n') {
+            count = strtol(optarg, &end, 10);
+            if (end == optarg || *end != '\0' || count < 1) {
+                fprintf(stderr, "omnivorectl watch: --count: '%s' is not a positive number\n",
+                        optarg);
+                return 2;
+            }
+        } else if (c == 'j') {
+            json = 1;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    const char *what = "status";
+    if (optind < argc)
+        what = argv[optind++];
+    static const char *const watchable[] = {"status", "workers", "groups", "metrics", "summary"};
+    int ok = 0;
+    for (size_t k = 0; k < OMV_ARRAY_SIZE(watchable); k++)
+        ok |= strcmp(what, watchable[k]) == 0;
+    if (!ok || optind < argc) {
+        fprintf(stderr, "omnivorectl watch: %s '%s'; watch status, workers, groups, metrics or "
+                        "summary\n", ok ? "unexpected argument" : "cannot watch",
+                ok ? argv[optind] : what);
+        return 2;
+    }
+    char line[64];
+    snprintf(line, sizeof(line), "%s%s", what, json ? " --json" : "");
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal; /* no SA_RESTART: Ctrl-C cuts the sleep short */
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int tty = isatty(STDOUT_FILENO);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int rc = 0, reached = 0;
+    for (long n = 0; !interrupted && (count == 0 || n < count); n++) {
+        if (n > 0) {
+            struct timespec ts = {(time_t)interval,
+                                  (long)((interval - (double)(time_t)interval) * 1e9)};
+            /* Sleeps the whole interval unless a signal ends it. */
+            while (!interrupted && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+                ;
+            if (interrupted)
+                break;
+        }
+        char stamp[64];
+        time_t now = time(NULL);
+        struct tm tm;
+        strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", localtime_r(&now, &tm));
+        int r = omv_control_request(sock, line, &body, 10000);
+        if (r < 0 && r != -EREMOTEIO && !reached) {
+            /* Never reached: there is nothing to watch. */
+            explain_unreachable(sock, r);
+            rc = 3;
+            break;
+        }
+        reached = 1;
+        if (tty)
+            fputs("\033[H\033[2J", stdout); /* cursor home, clear the screen */
+        else if (n > 0)
+            fputc('\n', stdout);
+        if (!json)
+            printf("# watch\ncommand:%s\nsocket:%s\ntime:%s\ninterval_seconds:%g\n", what, sock,
+                   stamp, interval);
+        if (r == 0) {
+            fputs(omv_strbuf_str(&body), stdout);
+        } else {
+            /* The daemon went away or refused: say so and keep watching for its return. */
+            if (r == -EREMOTEIO)
+                printf("error:%s\n", omv_strbuf_str(&body));
+            else
+                printf("error:omnivored does not answer (%s); still watching\n",
+                       omv_strerror(r));
+        }
+        if (tty && !json)
+            printf("\n(every %g s; Ctrl-C to quit)\n", interval);
+        fflush(stdout);
+    }
+    omv_strbuf_fini(&body);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     omv_log_set_ident("omnivorectl");
@@ -383,11 +531,14 @@ int main(int argc, char **argv)
     const char *cmd = argv[i];
     if (strcmp(cmd, "run") == 0)
         return cmd_run(argc - i, argv + i, json);
+    if (strcmp(cmd, "watch") == 0)
+        return cmd_watch(sock, argc - i, argv + i, json);
     if (strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
     }
-    static const char *const known[] = {"status", "workers", "summary", "checkpoint", "shutdown"};
+    static const char *const known[] = {"status", "workers",    "groups",  "metrics",
+                                        "summary", "checkpoint", "shutdown"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
         ok |= strcmp(cmd, known[k]) == 0;

@@ -10,6 +10,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "notify.h"
 #include "util.h"
 #include "wire.h"
 
@@ -123,11 +124,20 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* systemctl reload sends SIGHUP (ExecReload): no key changes at runtime yet, so it must not
+     * end the daemon as SIGHUP's default would. */
+    signal(SIGHUP, SIG_IGN);
 
     omv_daemon_t *d = omv_daemon_new(&cfg, &job, cfg.job);
     if (d == NULL)
         return 1;
+    /* Both sockets are bound and the control socket answers from here on. */
+    char ready[512];
+    snprintf(ready, sizeof(ready), "waiting: job %s, %lld workers on %s", job.name,
+             (long long)job.workers, cfg.endpoint);
+    omv_notify_ready(ready);
     int r = omv_daemon_run(d, &stop_flag);
+    omv_notify_stopping();
     omv_daemon_destroy(&d);
     return r < 0 ? 1 : 0;
 }

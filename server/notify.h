@@ -1,0 +1,16 @@
+/* Tells systemd how omnivored is doing (sd_notify): ready, a one-line status, stopping. The one
+ * file behind libsystemd; every call is a no-op when built without it (-Dsystemd=disabled) or
+ * when not started by systemd ($NOTIFY_SOCKET unset). */
+#pragma once
+
+/* The sockets are bound and the control socket answers: READY=1, with status (may be NULL). */
+void omv_notify_ready(const char *status);
+/* STATUS=line, at most once every OMV_NOTIFY_STATUS_MS unless the text changed its first word
+ * (the job's state), and never twice the same. line is borrowed. */
+void omv_notify_status(const char *line);
+/* STOPPING=1: the daemon is on its way out (sent once). */
+void omv_notify_stopping(void);
+/* Whether notifications are compiled in. */
+int omv_notify_enabled(void);
+
+#define OMV_NOTIFY_STATUS_MS 2000

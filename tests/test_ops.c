@@ -1,0 +1,444 @@
+/* Integration tests of the operator's tools with real processes: omnivorectl's groups, metrics
+ * and watch commands against a training daemon, the errors that tell a person what to do, and
+ * the sd_notify messages omnivored sends systemd. */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <regex.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cluster_util.h"
+#include "control.h"
+#include "notify.h"
+#include "strbuf.h"
+#include "testutil.h"
+#include "util.h"
+
+#ifndef PR_SET_MDWE
+#define PR_SET_MDWE 65
+#define PR_MDWE_REFUSE_EXEC_GAIN 1
+#endif
+
+/* Runs `omnivorectl ARGS` (stderr merged into out); returns its exit status. */
+static int ctl(char *out, size_t cap, const char *env, const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", env ? env : "", bin("OMNIVORECTL"), args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static int ctl_sock(char *out, size_t cap, const char *args)
+{
+    char a[1024];
+    snprintf(a, sizeof(a), "--socket %s %s", sock_path, args);
+    return ctl(out, cap, NULL, a);
+}
+
+static int count_text(const char *s, const char *text)
+{
+    int n = 0;
+    for (const char *p = strstr(s, text); p; p = strstr(p + 1, text))
+        n++;
+    return n;
+}
+
+/* Checks Prometheus text format 0.0.4: every line is a HELP or TYPE comment or a sample
+ * `name{labels} value`; a sample's family has its HELP and TYPE before it; counters end in
+ * _total. Returns the number of samples. */
+static int check_exposition(const char *text)
+{
+    regex_t sample, label, help, type;
+    ck_assert_int_eq(
+        regcomp(&sample, "^([a-zA-Z_:][a-zA-Z0-9_:]*)(\\{([^}]*)\\})? ([^ ]+)$", REG_EXTENDED), 0);
+    ck_assert_int_eq(
+        regcomp(&label, "^[a-zA-Z_][a-zA-Z0-9_]*=\"([^\"\\\\]|\\\\.)*\"$", REG_EXTENDED), 0);
+    ck_assert_int_eq(regcomp(&help, "^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$", REG_EXTENDED), 0);
+    ck_assert_int_eq(
+        regcomp(&type, "^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)$", REG_EXTENDED), 0);
+    char helped[128] = "", typed[128] = "", kind[16] = "";
+    int samples = 0;
+    char *copy = strdup(text), *save = NULL;
+    ck_assert_msg(text[0] && text[strlen(text) - 1] == '\n', "no final newline");
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        regmatch_t m[5];
+        if (regexec(&help, line, 2, m, 0) == 0) {
+            snprintf(helped, sizeof(helped), "%.*s", (int)(m[1].rm_eo - m[1].rm_so),
+                     line + m[1].rm_so);
+            typed[0] = '\0';
+            continue;
+        }
+        if (regexec(&type, line, 3, m, 0) == 0) {
+            snprintf(typed, sizeof(typed), "%.*s", (int)(m[1].rm_eo - m[1].rm_so),
+                     line + m[1].rm_so);
+            snprintf(kind, sizeof(kind), "%.*s", (int)(m[2].rm_eo - m[2].rm_so), line + m[2].rm_so);
+            ck_assert_msg(strcmp(typed, helped) == 0, "TYPE without its HELP: %s", line);
+            ck_assert_msg(strncmp(typed, "omnivore_", 9) == 0, "not omnivore_*: %s", line);
+            size_t n = strlen(typed);
+            int total = n > 6 && strcmp(typed + n - 6, "_total") == 0;
+            ck_assert_msg(strcmp(kind, "counter") != 0 || total, "counter not _total: %s", line);
+            continue;
+        }
+        ck_assert_msg(line[0] != '#', "a comment that is not HELP or TYPE: %s", line);
+        ck_assert_msg(regexec(&sample, line, 5, m, 0) == 0, "not `name{labels} value`: %s", line);
+        char name[128];
+        snprintf(name, sizeof(name), "%.*s", (int)(m[1].rm_eo - m[1].rm_so), line + m[1].rm_so);
+        ck_assert_msg(typed[0] && strcmp(name, typed) == 0, "sample before its HELP/TYPE: %s",
+                      line);
+        if (m[3].rm_so >= 0) {
+            /* Label pairs, split at commas outside quotes. */
+            char labels[512];
+            snprintf(labels, sizeof(labels), "%.*s", (int)(m[3].rm_eo - m[3].rm_so),
+                     line + m[3].rm_so);
+            char *p = labels;
+            while (*p) {
+                char *q = p;
+                int quoted = 0;
+                for (; *q && (quoted || *q != ','); q++) {
+                    if (*q == '\\' && q[1])
+                        q++;
+                    else if (*q == '"')
+                        quoted = !quoted;
+                }
+                char end = *q;
+                *q = '\0';
+                ck_assert_msg(regexec(&label, p, 0, NULL, 0) == 0, "bad label '%s' in: %s", p,
+                              line);
+                p = end ? q + 1 : q;
+            }
+        }
+        const char *v = line + m[4].rm_so;
+        char *endp;
+        double value = strtod(v, &endp);
+        ck_assert_msg(endp == line + m[4].rm_eo, "value is not a number: %s", line);
+        ck_assert_msg(!isnan(value) || strcmp(v, "NaN") == 0, "NaN spelled '%s'", v);
+        samples++;
+    }
+    free(copy);
+    regfree(&sample);
+    regfree(&label);
+    regfree(&help);
+    regfree(&type);
+    return samples;
+}
+
+/* The value of a sample line that starts with `prefix ` (name and labels); NaN when absent. */
+static double sample(const char *text, const char *prefix)
+{
+    char pat[256];
+    snprintf(pat, sizeof(pat), "\n%s ", prefix);
+    const char *p = strstr(text, pat);
+    return p ? strtod(p + strlen(pat), NULL) : NAN;
+}
+
+static void stop_all(pid_t d, pid_t *w, int n)
+{
+    /* The daemon first (the job is not over: it checkpoints and tells the workers to wait for
+     * it), then the waiting workers, which a signal ends. */
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    ck_assert_int_eq(omv_control_request(sock_path, "shutdown", &body, 5000), 0);
+    omv_strbuf_fini(&body);
+    int status;
+    ck_assert_int_eq(waitpid(d, &status, 0), d);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "omnivored: status %d", status);
+    for (int i = 0; i < n; i++) {
+        kill(w[i], SIGTERM);
+        waitpid(w[i], NULL, 0);
+    }
+}
+
+START_TEST(test_groups_metrics_watch)
+{
+    /* Two groups of one worker each, slow enough (3 ms a step) to be watched while they run. */
+    write_job(2, 200, "groups = 2\nstaleness = 2");
+    pid_t d = start_daemon();
+    pid_t w[2] = {start_worker_slow("trainer", "3"), start_worker_slow("trainer", "3")};
+    wait_status("step", 5, 30000);
+    static char out[65536];
+
+    /* groups: each group's clock, its one live member and that member's id. */
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "groups"), 0);
+    ck_assert_msg(has_text(out, "# group 0\nid:0\nclock:") && has_text(out, "# group 1\nid:1\n"),
+                  "%s", out);
+    ck_assert_msg(count_text(out, "live_members:1\n") == 2, "%s", out);
+    ck_assert_msg((has_text(out, "workers:1\n") && has_text(out, "workers:2\n")), "%s", out);
+    ck_assert_msg(field(out, "clock") >= 5, "%s", out);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "groups --json"), 0);
+    ck_assert_msg(has_text(out, "{\"group 0\":{\"id\":0,\"clock\":") &&
+                      has_text(out, "\"live_members\":1,\"workers\":["),
+                  "%s", out);
+
+    /* metrics: the exposition format, and the values status gives. */
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "metrics"), 0);
+    ck_assert_int_ge(check_exposition(out), 30);
+    ck_assert_msg(strncmp(out, "# HELP omnivore_", 16) == 0, "%.200s", out);
+    ck_assert_int_eq(sample(out, "omnivore_job_state{state=\"running\"}"), 1);
+    ck_assert_int_eq(sample(out, "omnivore_job_state{state=\"done\"}"), 0);
+    ck_assert_int_eq(sample(out, "omnivore_workers_alive"), 2);
+    ck_assert_int_eq(sample(out, "omnivore_worker_joins_total"), 2);
+    ck_assert_int_eq(sample(out, "omnivore_gradients_refused_total{reason=\"step\"}"), 0);
+    ck_assert_int_eq(sample(out, "omnivore_staleness_bound_steps"), 2);
+    ck_assert(sample(out, "omnivore_staleness_max_observed_steps") <= 2);
+    ck_assert(sample(out, "omnivore_images_total") >= 5 * 32);
+    ck_assert(sample(out, "omnivore_group_clock_steps{group=\"0\"}") >= 5);
+    ck_assert(sample(out, "omnivore_group_clock_steps{group=\"1\"}") >= 5);
+    ck_assert(isfinite(sample(out, "omnivore_train_loss")));
+    ck_assert(has_text(out, "\nomnivore_info{version=\""));
+    ck_assert(has_text(out, "job_name=\"blobs\"} 1\n"));
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "metrics --json"), 1);
+    ck_assert_msg(has_text(out, "drop --json"), "%s", out);
+
+    /* watch, not on a terminal: the reply repeated, with no escape codes. */
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch --interval 0.1 --count 3"), 0);
+    ck_assert_msg(count_text(out, "# watch\ncommand:status\n") == 3, "%s", out);
+    ck_assert_msg(count_text(out, "# job\n") == 3 && !has_text(out, "\033["), "%s", out);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch -i 0.1 -n 2 groups"), 0);
+    ck_assert_msg(count_text(out, "# group 1\n") == 2, "%s", out);
+    /* On a terminal (script(1) gives it one), each refresh clears the screen first. */
+    if (system("command -v script >/dev/null 2>&1") == 0) {
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "script -qec '%s --socket %s watch -i 0.1 -n 2' /dev/null",
+                 bin("OMNIVORECTL"), sock_path);
+        FILE *p = popen(cmd, "r");
+        ck_assert_ptr_nonnull(p);
+        size_t n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = '\0';
+        ck_assert_int_eq(pclose(p), 0);
+        ck_assert_msg(count_text(out, "\033[H\033[2J# watch\r\ncommand:status") == 2, "%s", out);
+        ck_assert_msg(has_text(out, "Ctrl-C to quit"), "%s", out);
+    } else {
+        printf("test_groups_metrics_watch: no script(1): watch on a terminal not checked\n");
+    }
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch --interval 0"), 2);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "watch checkpoint"), 2);
+
+    /* watch until Ctrl-C: SIGINT ends it at once, with status 0. */
+    char log[700];
+    snprintf(log, sizeof(log), "%s/watch.out", test_dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        (void)f;
+        execl(bin("OMNIVORECTL"), "omnivorectl", "--socket", sock_path, "watch", "--interval", "60",
+              (char *)NULL);
+        _exit(127);
+    }
+    int64_t deadline = omv_time_ms() + 10000;
+    for (;;) {
+        FILE *f = fopen(log, "r");
+        size_t n = f ? fread(out, 1, sizeof(out) - 1, f) : 0;
+        out[n] = '\0';
+        if (f)
+            fclose(f);
+        if (has_text(out, "# refusals\n"))
+            break;
+        ck_assert_msg(omv_time_ms() < deadline, "watch printed nothing: %s", out);
+        sleep_ms(20);
+    }
+    int64_t t0 = omv_time_ms();
+    kill(pid, SIGINT);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "watch: status %d", status);
+    ck_assert_int_lt(omv_time_ms() - t0, 2000);
+
+    /* The socket from the environment, as the unit's users set it. */
+    char env[700];
+    snprintf(env, sizeof(env), "OMNIVORE_SOCKET=%s", sock_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), env, "status"), 0);
+    ck_assert_msg(has_text(out, "state:running"), "%s", out);
+
+    stop_all(d, w, 2);
+}
+END_TEST
+
+START_TEST(test_errors_say_what_to_do)
+{
+    static char out[8192];
+    char args[1024];
+    /* No daemon: the socket is not there. */
+    snprintf(args, sizeof(args), "--socket %s/none.sock status", test_dir);
+    ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    char want[1024];
+    snprintf(want, sizeof(want),
+             "omnivorectl: is omnivored running? socket %s/none.sock not found (set --socket or "
+             "$OMNIVORE_SOCKET)\n",
+             test_dir);
+    ck_assert_str_eq(out, want);
+    snprintf(args, sizeof(args), "--socket %s/none.sock watch", test_dir);
+    ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    ck_assert_str_eq(out, want);
+    char env[700];
+    snprintf(env, sizeof(env), "OMNIVORE_SOCKET=%s/none.sock", test_dir);
+    ck_assert_int_eq(ctl(out, sizeof(out), env, "metrics"), 3);
+    ck_assert_str_eq(out, want);
+
+    /* A socket file nobody listens on: the daemon died. */
+    char dead[700];
+    snprintf(dead, sizeof(dead), "%s/dead.sock", test_dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    omv_strlcpy(addr.sun_path, dead, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    close(fd);
+    snprintf(args, sizeof(args), "--socket %s groups", dead);
+    ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    ck_assert_msg(has_text(out, "nothing answers on") && has_text(out, "journalctl -u omnivored"),
+                  "%s", out);
+
+    /* A socket we may not write to: the message names the group to join. As root (which
+     * permissions do not stop) the client runs as nobody. */
+    chmod(dead, 0600);
+    snprintf(args, sizeof(args), "--socket %s groups", dead);
+    if (geteuid() == 0) {
+        chmod(test_dir, 0755);
+        char cmd[1024];
+        snprintf(cmd, sizeof(cmd), "setpriv --reuid=65534 --regid=65534 --clear-groups %s",
+                 bin("OMNIVORECTL"));
+        char full[2048];
+        snprintf(full, sizeof(full), "%s %s 2>&1", cmd, args);
+        FILE *p = popen(full, "r");
+        size_t n = fread(out, 1, sizeof(out) - 1, p);
+        out[n] = '\0';
+        int status = pclose(p);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 3, "status %d: %s", status, out);
+    } else {
+        chmod(dead, 0);
+        ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    }
+    ck_assert_msg(has_text(out, "permission denied on") && has_text(out, "join the group '"), "%s",
+                  out);
+
+    /* Usage errors are 2, and --help names every command. */
+    ck_assert_int_eq(ctl(out, sizeof(out), NULL, "frobnicate"), 2);
+    ck_assert_int_eq(ctl(out, sizeof(out), NULL, "--help"), 0);
+    const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
+                          "summary", "checkpoint", "shutdown", "run",     "help"};
+    for (size_t i = 0; i < OMV_ARRAY_SIZE(cmds); i++) {
+        char line[64];
+        snprintf(line, sizeof(line), "\n  %s ", cmds[i]);
+        ck_assert_msg(has_text(out, line), "--help does not list %s:\n%s", cmds[i], out);
+    }
+}
+END_TEST
+
+/* Reads datagrams from a notify socket until one contains want (or timeout_ms). */
+static int wait_notify(int fd, const char *want, char *got, size_t cap, int timeout_ms)
+{
+    int64_t deadline = omv_time_ms() + timeout_ms;
+    while (omv_time_ms() < deadline) {
+        ssize_t n = recv(fd, got, cap - 1, MSG_DONTWAIT);
+        if (n > 0) {
+            got[n] = '\0';
+            if (strstr(got, want))
+                return 0;
+            continue;
+        }
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+START_TEST(test_sd_notify)
+{
+    if (!omv_notify_enabled()) {
+        printf("test_sd_notify: skipped: built without libsystemd (-Dsystemd=disabled)\n");
+        return;
+    }
+    /* Stand in for systemd: a datagram socket in $NOTIFY_SOCKET. */
+    write_job(1, 200, "");
+    char path[700];
+    snprintf(path, sizeof(path), "%s/notify.sock", test_dir);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    omv_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    pid_t d = start_daemon();
+    unsetenv("NOTIFY_SOCKET");
+    char got[1024];
+    ck_assert_msg(wait_notify(fd, "READY=1", got, sizeof(got), 5000) == 0, "no READY=1");
+    ck_assert_msg(has_text(got, "STATUS=waiting: job blobs, 1 workers on ipc://"), "%s", got);
+    /* A one-line progress once the job runs (the STATUS= line systemctl status shows). */
+    pid_t w = start_worker_slow("trainer", "2");
+    wait_status("step", 5, 30000);
+    ck_assert_msg(wait_notify(fd, "STATUS=running: epoch ", got, sizeof(got), 5000) == 0,
+                  "no running STATUS=");
+    ck_assert_msg(has_text(got, " images/s, 1/1 workers"), "%s", got);
+    stop_all(d, &w, 1);
+    ck_assert_msg(wait_notify(fd, "STOPPING=1", got, sizeof(got), 5000) == 0, "no STOPPING=1");
+    close(fd);
+}
+END_TEST
+
+START_TEST(test_memory_deny_write_execute)
+{
+    /* The units set MemoryDenyWriteExecute=yes: no mapping may be writable and executable, none
+     * may become executable. The kernel's PR_SET_MDWE enforces the same and is kept by the
+     * children and across exec, so a daemon, a trainer and an evaluator train under it here. */
+    if (getenv("CK_FORK") && strcmp(getenv("CK_FORK"), "no") == 0) {
+        printf("test_memory_deny_write_execute: skipped: without fork it would bind valgrind\n");
+        return;
+    }
+    if (prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0) {
+        printf("test_memory_deny_write_execute: skipped: the kernel has no PR_SET_MDWE (%s; "
+               "Linux 6.3 or later)\n",
+               strerror(errno));
+        return;
+    }
+    write_job(1, 2, "");
+    pid_t d = start_daemon();
+    pid_t w[2] = {start_worker("trainer"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 60000;
+    for (;;) {
+        ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 5000), 0);
+        char state[32] = "";
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            break;
+        ck_assert_msg(strcmp(state, "failed") != 0, "%s", omv_strbuf_str(&body));
+        ck_assert_msg(omv_time_ms() < deadline, "not done: %s", omv_strbuf_str(&body));
+        sleep_ms(50);
+    }
+    ck_assert_msg(field(omv_strbuf_str(&body), "test_accuracy") > 0.9, "%s", omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    for (int i = 0; i < 2; i++) {
+        int status;
+        ck_assert_int_eq(waitpid(w[i], &status, 0), w[i]);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "worker: status %d", status);
+    }
+    stop_all(d, NULL, 0);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ops");
+    TCase *tc = tcase_create("processes");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_groups_metrics_watch);
+    tcase_add_test(tc, test_errors_say_what_to_do);
+    tcase_add_test(tc, test_sd_notify);
+    tcase_add_test(tc, test_memory_deny_write_execute);
+    suite_add_tcase(s, tc);
+    return omv_test_run(s);
+}
