@@ -10,16 +10,24 @@
 
 #define OMV_JOB_MAX_LAYERS 16
 #define OMV_JOB_PATH_MAX 1024
+#define OMV_JOB_MODEL_TEXT_MAX 4096
 
 typedef struct {
     /* [job] */
     char name[64];
     int64_t epochs;
     int64_t seed;
-    /* [model] */
+    /* [model]: either layers (an MLP) or definition (a file, one layer per line) */
     char layers_text[256];
-    uint32_t layers[OMV_JOB_MAX_LAYERS]; /* widths, input first; parsed from layers_text */
+    char definition[OMV_JOB_PATH_MAX];
+    /* MLP widths, input first, parsed from layers_text; for a definition: its input size and
+     * classes (n_layers 2) */
+    uint32_t layers[OMV_JOB_MAX_LAYERS];
     uint32_t n_layers;
+    /* The model definition text (common/model.h): the definition file's contents, or made from
+     * layers; model_name names it in messages. */
+    char model_text[OMV_JOB_MODEL_TEXT_MAX];
+    char model_name[OMV_JOB_PATH_MAX];
     /* [data] */
     char train_images[OMV_JOB_PATH_MAX];
     char train_labels[OMV_JOB_PATH_MAX];
@@ -51,8 +59,9 @@ extern const size_t omv_job_table_len;
  * into err[OMV_CONFIG_ERR_MAX]. */
 int omv_job_load(omv_job_t *ret_job, const char *path, char *err);
 
-/* Validates cross-key rules (layers, groups vs workers); also after command-line overrides.
- * path names the file in messages. */
+/* Validates cross-key rules (the model, groups vs workers); also after command-line overrides.
+ * Reads the definition file, if the job names one, into model_text and checks that its shapes
+ * chain (errors name that file and line). path names the job file in messages. */
 int omv_job_validate(omv_job_t *job, const char *path, char *err);
 
 /* Parses "784 256 10" (spaces or commas) into widths. Returns the count or -EINVAL. */

@@ -109,6 +109,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         job.name = (char *)j->name;
         job.n_layers = j->n_layers;
         job.layers = (uint32_t *)j->layers;
+        job.model = (char *)j->model;
         job.train_images = (char *)j->train_images;
         job.train_labels = (char *)j->train_labels;
         job.test_images = (char *)j->test_images;
@@ -222,7 +223,8 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
         copy_str(out->train_images, OMV_JOB_PATH_MAX, j->train_images, "path", why) < 0 ||
         copy_str(out->train_labels, OMV_JOB_PATH_MAX, j->train_labels, "path", why) < 0 ||
         copy_str(out->test_images, OMV_JOB_PATH_MAX, j->test_images, "path", why) < 0 ||
-        copy_str(out->test_labels, OMV_JOB_PATH_MAX, j->test_labels, "path", why) < 0)
+        copy_str(out->test_labels, OMV_JOB_PATH_MAX, j->test_labels, "path", why) < 0 ||
+        copy_str(out->model, sizeof(out->model), j->model, "model definition", why) < 0)
         return -EPROTO;
     out->n_layers = (uint32_t)j->n_layers;
     memcpy(out->layers, j->layers, j->n_layers * sizeof(uint32_t));

@@ -359,6 +359,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
     omv_strlcpy(j->name, d->job.name, sizeof(j->name));
     j->n_layers = d->job.n_layers;
     memcpy(j->layers, d->job.layers, sizeof(j->layers));
+    omv_strlcpy(j->model, d->job.model_text, sizeof(j->model));
     omv_strlcpy(j->train_images, d->job.train_images, sizeof(j->train_images));
     omv_strlcpy(j->train_labels, d->job.train_labels, sizeof(j->train_labels));
     omv_strlcpy(j->test_images, d->job.test_images, sizeof(j->test_images));
@@ -825,11 +826,15 @@ static int setup_job(omv_daemon_t *d)
     d->total_steps = d->steps_per_epoch * (uint32_t)j->epochs;
     d->epoch_images = (uint64_t)d->steps_per_epoch * d->worker_batch * (uint64_t)j->workers;
 
-    r = omv_model_layout(&d->layout, j->layers, j->n_layers);
+    r = omv_model_parse(&d->layout, j->model_text, j->model_name, err);
     if (r < 0) {
-        omv_log_error("%s: [model] layers: model too large", d->job_path);
+        omv_log_error("%s", err);
         return r;
     }
+    char table[4096];
+    omv_model_summary(&d->layout, table, sizeof(table));
+    for (char *line = table, *eol; (eol = strchr(line, '\n')) != NULL; line = eol + 1)
+        omv_log_info("model: %.*s", (int)(eol - line), line);
     d->n_shards = (uint32_t)j->shards;
     if (d->n_shards > d->layout.param_count)
         d->n_shards = (uint32_t)d->layout.param_count;
@@ -863,7 +868,8 @@ static int setup_job(omv_daemon_t *d)
     d->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
     d->next_eval_epoch = j->eval_every_epochs;
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u images per worker, "
-                 "%u steps per epoch", j->name, j->layers_text, d->layout.param_count,
+                 "%u steps per epoch", j->name, j->layers_text[0] ? j->layers_text : j->definition,
+                 d->layout.param_count,
                  d->n_shards, d->slice_count, d->steps_per_epoch);
     return 0;
 }

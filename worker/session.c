@@ -12,7 +12,7 @@
 #include "dataset.h"
 #include "link.h"
 #include "log.h"
-#include "mlp.h"
+#include "net.h"
 #include "rng.h"
 #include "util.h"
 
@@ -24,7 +24,7 @@ typedef struct {
     uint32_t group;
     omv_jobspec_t job;
     omv_model_layout_t layout;
-    omv_mlp_t *mlp;
+    omv_net_t *net;
     omv_dataset_t data;
     float *params; /* [param_count] */
     float *grad;   /* [param_count] */
@@ -134,13 +134,13 @@ static int prepare(session_t *s, uint32_t batch)
 {
     omv_jobspec_t *j = &s->job;
     char err[OMV_CONFIG_ERR_MAX];
-    if (omv_model_layout(&s->layout, j->layers, j->n_layers) < 0 ||
-        s->layout.param_count != j->param_count) {
-        omv_log_error("job's model (%u layers, %u parameters) does not lay out", j->n_layers,
-                      j->param_count);
+    int r = j->model[0] ? omv_model_parse(&s->layout, j->model, "job's model", err)
+                        : omv_model_layout(&s->layout, j->layers, j->n_layers);
+    if (r < 0 || s->layout.param_count != j->param_count) {
+        omv_log_error("job's model (%u parameters) does not lay out: %s", j->param_count,
+                      r < 0 && j->model[0] ? err : "wrong parameter count");
         return -EPROTO;
     }
-    int r;
     if (s->cfg->role == OMV_ROLE_TRAINER)
         r = omv_dataset_load(&s->data, j->train_images, j->train_labels, j->slice_begin,
                              j->slice_count, err);
@@ -160,14 +160,16 @@ static int prepare(session_t *s, uint32_t batch)
                       s->layout.classes);
         return -EINVAL;
     }
-    s->mlp = omv_mlp_new(j->layers, j->n_layers, batch);
+    s->net = omv_net_new(&s->layout, batch);
+    if (s->net != NULL)
+        omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
     s->order = malloc((size_t)s->data.count * sizeof(uint32_t));
     s->got = calloc(j->n_shards, 1);
-    if (!s->mlp || !s->params || !s->grad || !s->x || !s->y || !s->order || !s->got) {
+    if (!s->net || !s->params || !s->grad || !s->x || !s->y || !s->order || !s->got) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -262,7 +264,7 @@ static int train(session_t *s)
         }
         gather(s, s->order + in_epoch * batch, batch);
         double t0 = omv_time_s();
-        float loss = omv_mlp_train_step(s->mlp, s->params, s->x, s->y, batch, s->grad);
+        float loss = omv_net_train_step(s->net, s->params, s->x, s->y, batch, s->grad);
         float ms = (float)((omv_time_s() - t0) * 1000.0);
         omv_msg_t m = {.type = OMV_MSG_PUSH};
         for (uint32_t sh = 0; sh < j->n_shards; sh++) {
@@ -310,7 +312,7 @@ static int evaluate(session_t *s)
             uint32_t c;
             double l;
             gather(s, s->order + at, n);
-            omv_mlp_evaluate(s->mlp, s->params, s->x, s->y, n, &c, &l);
+            omv_net_evaluate(s->net, s->params, s->x, s->y, n, &c, &l);
             correct += c;
             loss += l;
         }
@@ -346,7 +348,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     free(s.grad);
     free(s.params);
     omv_dataset_fini(&s.data);
-    omv_mlp_destroy(&s.mlp);
+    omv_net_destroy(&s.net);
     omv_link_destroy(&s.link);
     return r;
 }
