@@ -18,7 +18,8 @@ static void *alloc_touched(size_t count, size_t size)
     return p;
 }
 
-int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch)
+int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch,
+                   bool in_place)
 {
     memset(self, 0, sizeof(*self));
     self->spec = *spec;
@@ -28,6 +29,8 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
     size_t outs = (size_t)max_batch * self->out_size;
     if (spec->kind == OMV_LAYER_FLATTEN)
         return 0; /* a view: out and dout are its neighbours' (set by the net) */
+    if (spec->kind == OMV_LAYER_RELU && in_place)
+        return 0; /* works in its input's buffers (set by the net) */
     self->owns_out = true;
     self->out = alloc_touched(outs, sizeof(float));
     self->dout = alloc_touched(outs, sizeof(float));
@@ -228,11 +231,12 @@ static void maxpool_forward(omv_layer_t *self, const float *in, uint32_t batch)
                         size_t at = base + (((size_t)oy * s->stride + ky) * w +
                                             (size_t)ox * s->stride + kx) * c;
                         const float *src = in + at;
+                        uint32_t at_img = (uint32_t)(at - base);
+                        /* Selects instead of branches, so that the channel loop vectorises. */
                         for (uint32_t j = 0; j < c; j++) {
-                            if (src[j] > out[j]) {
-                                out[j] = src[j];
-                                arg[j] = (uint32_t)(at + j - base);
-                            }
+                            int gt = src[j] > out[j];
+                            out[j] = gt ? src[j] : out[j];
+                            arg[j] = gt ? at_img + j : arg[j];
                         }
                     }
                 }
@@ -296,17 +300,20 @@ static void avgpool_walk(omv_layer_t *self, const float *in, float *din, uint32_
 static void relu_forward(omv_layer_t *self, const float *in, uint32_t batch)
 {
     size_t len = (size_t)batch * self->out_size;
+    if (!self->owns_out)
+        self->out = (float *)in; /* in place: the input's buffer becomes the output */
     float *out = self->out;
     for (size_t i = 0; i < len; i++)
         out[i] = in[i] > 0.0f ? in[i] : 0.0f;
 }
 
-static void relu_backward(omv_layer_t *self, const float *in, float *din, uint32_t batch)
+/* The mask is read from the output: in place, the input is gone, and out > 0 iff in > 0. */
+static void relu_backward(omv_layer_t *self, float *din, uint32_t batch)
 {
     size_t len = (size_t)batch * self->out_size;
-    const float *d = self->dout;
+    const float *d = self->dout, *out = self->out;
     for (size_t i = 0; i < len; i++)
-        din[i] = in[i] > 0.0f ? d[i] : 0.0f;
+        din[i] = out[i] > 0.0f ? d[i] : 0.0f;
 }
 
 static void dropout_forward(omv_layer_t *self, const float *in, uint32_t batch, bool train,
@@ -387,7 +394,7 @@ void omv_layer_backward(omv_layer_t *self, const float *params, const float *in,
         break;
     case OMV_LAYER_RELU:
         if (din != NULL)
-            relu_backward(self, in, din, batch);
+            relu_backward(self, din, batch);
         break;
     case OMV_LAYER_DROPOUT:
         if (din != NULL)

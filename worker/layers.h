@@ -14,9 +14,9 @@ typedef struct {
     omv_model_layer_t spec;
     uint32_t max_batch;
     size_t in_size, out_size; /* floats per image */
-    float *out;               /* [batch][out_size]; flatten: the input itself */
-    float *dout;              /* [batch][out_size] gradient of the loss by out; flatten: the
-                                 previous layer's */
+    float *out;               /* [batch][out_size]; flatten, in-place ReLU: the input's */
+    float *dout;              /* [batch][out_size] gradient of the loss by out; flatten,
+                                 in-place ReLU: the previous layer's */
     float *col;               /* conv: [batch * oh * ow][kh * kw * in_c], lowered input, then
                                  its gradient */
     float *mask;              /* dropout: [batch][out_size], 0 or 1 / (1 - rate) */
@@ -26,8 +26,11 @@ typedef struct {
 
 /* Makes every buffer of a layer for at most max_batch images. Returns 0 or -ENOMEM (then
  * omv_layer_fini is still safe). The buffers are written once here so that their pages are
- * resident before the first step. */
-int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch);
+ * resident before the first step. in_place (ReLU only): the layer owns no buffers and works in
+ * those of the layer before it, which must not need its own output in backward (no layer kind
+ * does); the net sets dout to that layer's. */
+int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch,
+                   bool in_place);
 void omv_layer_fini(omv_layer_t *self);
 
 /* out = layer(in) for in[batch][in_size]; params is the whole model's vector. train: dropout

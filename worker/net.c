@@ -8,6 +8,7 @@
 
 #include "layers.h"
 #include "rng.h"
+#include "util.h"
 
 struct omv_net {
     omv_model_layout_t layout;
@@ -15,6 +16,7 @@ struct omv_net {
     omv_layer_t layers[OMV_MODEL_MAX_LAYERS];
     float *prob; /* [max_batch][classes] */
     omv_rng_t rng;
+    double *seconds; /* [n_layers] or NULL: per-layer time, for benchmarks */
 };
 
 omv_net_t *omv_net_new(const omv_model_layout_t *layout, uint32_t max_batch)
@@ -32,8 +34,11 @@ omv_net_t *omv_net_new(const omv_model_layout_t *layout, uint32_t max_batch)
     int ok = 1;
     for (uint32_t i = 0; i < layout->n_layers; i++) {
         omv_layer_t *l = &self->layers[i];
-        ok &= omv_layer_init(l, &self->layout.layers[i], max_batch) == 0;
-        if (l->spec.kind == OMV_LAYER_FLATTEN && i > 0)
+        /* A ReLU after a layer works in that layer's buffers: half the memory traffic. The
+         * network's input is the caller's, so a first ReLU keeps its own. */
+        bool in_place = i > 0 && layout->layers[i].kind == OMV_LAYER_RELU;
+        ok &= omv_layer_init(l, &self->layout.layers[i], max_batch, in_place) == 0;
+        if ((l->spec.kind == OMV_LAYER_FLATTEN || in_place) && i > 0)
             l->dout = self->layers[i - 1].dout;
     }
     self->prob = malloc((size_t)max_batch * layout->classes * sizeof(float));
@@ -69,6 +74,11 @@ void omv_net_seed(omv_net_t *self, uint64_t seed)
     omv_rng_init(&self->rng, seed);
 }
 
+void omv_net_profile(omv_net_t *self, double *seconds)
+{
+    self->seconds = seconds;
+}
+
 const float *omv_net_output(const omv_net_t *self, uint32_t i)
 {
     return self->layers[i].out;
@@ -86,7 +96,10 @@ static void forward(omv_net_t *self, const float *params, const float *x, uint32
     const float *in = x;
     uint32_t n = self->layout.n_layers;
     for (uint32_t i = 0; i < n; i++) {
+        double t0 = self->seconds ? omv_time_s() : 0.0;
         omv_layer_forward(&self->layers[i], params, in, batch, train, &self->rng);
+        if (self->seconds)
+            self->seconds[i] += omv_time_s() - t0;
         in = self->layers[i].out;
     }
     /* Softmax per row, shifted by the row maximum for stability. */
@@ -134,7 +147,10 @@ float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
     for (uint32_t i = n; i-- > 0;) {
         const float *in = i == 0 ? x : self->layers[i - 1].out;
         float *din = i == 0 ? NULL : self->layers[i - 1].dout;
+        double t0 = self->seconds ? omv_time_s() : 0.0;
         omv_layer_backward(&self->layers[i], params, in, din, batch, grad);
+        if (self->seconds)
+            self->seconds[i] += omv_time_s() - t0;
     }
     return (float)(loss / batch);
 }

@@ -29,6 +29,10 @@ float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
 void omv_net_evaluate(omv_net_t *self, const float *params, const float *x, const uint8_t *labels,
                       uint32_t batch, uint32_t *ret_correct, double *ret_loss_sum);
 
+/* Benchmarks: while seconds is set, every step adds each layer's forward and backward time into
+ * seconds[n_layers] (borrowed; NULL stops). */
+void omv_net_profile(omv_net_t *self, double *seconds);
+
 /* The output of layer i ([batch][out_size], channels-last) after the last forward, and the
  * softmax probabilities [batch][classes]; borrowed. */
 const float *omv_net_output(const omv_net_t *self, uint32_t i);

@@ -37,6 +37,18 @@ typedef struct {
 
 enum { WAIT_DONE = 1 };
 
+static int send_msg(session_t *s, const omv_msg_t *m, const float *payload);
+
+/* Tells the daemon we are alive when nothing else was sent for a heartbeat period. */
+static void heartbeat_if_due(session_t *s)
+{
+    if (s->worker_id != 0 && omv_time_ms() - s->last_sent_ms >= s->cfg->heartbeat_ms) {
+        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+        hb.u.heartbeat.worker_id = s->worker_id;
+        send_msg(s, &hb, NULL);
+    }
+}
+
 static int send_msg(session_t *s, const omv_msg_t *m, const float *payload)
 {
     int r = omv_link_send(s->link, m, payload);
@@ -311,6 +323,8 @@ static int evaluate(session_t *s)
             uint32_t n = s->data.count - at < batch ? s->data.count - at : batch;
             uint32_t c;
             double l;
+            /* A large model takes longer over the test set than the daemon waits for silence. */
+            heartbeat_if_due(s);
             gather(s, s->order + at, n);
             omv_net_evaluate(s->net, s->params, s->x, s->y, n, &c, &l);
             correct += c;
