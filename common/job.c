@@ -36,6 +36,15 @@ const omv_config_entry_t omv_job_table[] = {
      "IDX test labels"},
     {"data", "train_limit", INT(train_limit), "0", 0, 1e9, 0,
      "use only the first N training images (0: all)"},
+    {"data", "format", STR(data_format), "idx", 0, 0, 0,
+     "idx (images and labels files, raw or gzipped) or cifar10 (binary batches: train_images "
+     "and test_images list them, comma-separated; the labels keys are unused)"},
+    {"data", "scale", DBL(scale), "0.00392156862745098", 1e-9, 1e9, 0,
+     "each pixel byte is multiplied by this (default 1/255)"},
+    {"data", "mean", STR(mean_text), "", 0, 0, 0,
+     "then this is subtracted: one value, or one per input channel (empty: 0)"},
+    {"data", "std", STR(std_text), "", 0, 0, 0,
+     "then divided by this: one value, or one per input channel (empty: 1)"},
     {"train", "batch_size", INT(batch_size), "64", 1, 65536, 0,
      "images per step of a compute group, split evenly among its workers"},
     {"train", "learning_rate", DBL(learning_rate), "0.01", 0, 100, 0, "SGD step size"},
@@ -124,6 +133,36 @@ static int read_definition(const char *path, char *buf, size_t cap, char *err)
     return 0;
 }
 
+/* Parses "0.49, 0.48 0.45" into v: none, one, or one per channel of the model's input. */
+static int parse_floats(const char *text, const char *key, float *v, uint32_t *ret_n,
+                        uint32_t channels, const char *path, char *err)
+{
+    uint32_t n = 0;
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t')
+            p++;
+        if (*p == '\0')
+            break;
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p || n == 16 || !(x > -1e9 && x < 1e9)) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] %s: '%s' is not a list of up to 16 "
+                     "numbers", path, key, text);
+            return -EINVAL;
+        }
+        v[n++] = (float)x;
+        p = end;
+    }
+    if (n > 1 && n != channels) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] %s: %u values for a model input of %u "
+                 "channels (give one, or one per channel)", path, key, n, channels);
+        return -EINVAL;
+    }
+    *ret_n = n;
+    return 0;
+}
+
 /* Fills model_text, model_name and layers from [model] and checks the model. */
 static int validate_model(omv_job_t *job, const char *path, int layers_line, char *err)
 {
@@ -180,9 +219,54 @@ static int validate_model(omv_job_t *job, const char *path, int layers_line, cha
         job->layers[1] = m->classes;
         job->n_layers = 2;
     }
+    r = parse_floats(job->mean_text, "mean", job->mean, &job->n_mean, m->input.c, path, err);
+    if (r == 0)
+        r = parse_floats(job->std_text, "std", job->std, &job->n_std, m->input.c, path, err);
+    for (uint32_t i = 0; r == 0 && i < job->n_std; i++) {
+        if (!(job->std[i] > 0.0f)) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] std: values must be positive", path);
+            r = -EINVAL;
+        }
+    }
+    if (r == 0 && strcmp(job->data_format, "idx") != 0 && strcmp(job->data_format, "cifar10") != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] format: '%s' is not idx or cifar10", path,
+                 job->data_format);
+        r = -EINVAL;
+    }
 out:
     free(m);
     return r;
+}
+
+/* resolve() for each path of a comma-separated list. */
+static int resolve_list(char *list, size_t cap, const char *job_path)
+{
+    char out[OMV_JOB_PATH_MAX] = "", item[OMV_JOB_PATH_MAX];
+    const char *p = list;
+    size_t at = 0;
+    while (*p) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        size_t len = strcspn(p, ",");
+        while (len > 0 && p[len - 1] == ' ')
+            len--;
+        if (len == 0)
+            break;
+        if (len >= sizeof(item))
+            return -ENAMETOOLONG;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        p += len;
+        if (resolve(item, sizeof(item), job_path) < 0)
+            return -ENAMETOOLONG;
+        int w = snprintf(out + at, sizeof(out) - at, "%s%s", at ? "," : "", item);
+        if (w < 0 || (size_t)w >= sizeof(out) - at)
+            return -ENAMETOOLONG;
+        at += (size_t)w;
+        while (*p == ' ')
+            p++;
+    }
+    return omv_strlcpy(list, out, cap);
 }
 
 int omv_job_validate(omv_job_t *job, const char *path, char *err)
@@ -231,8 +315,18 @@ int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
             layers_line = lines[i];
     char *paths[] = {job.train_images, job.train_labels, job.test_images, job.test_labels,
                      job.definition};
+    if (strcmp(job.data_format, "cifar10") == 0) {
+        r = resolve_list(job.train_images, OMV_JOB_PATH_MAX, path);
+        if (r == 0)
+            r = resolve_list(job.test_images, OMV_JOB_PATH_MAX, path);
+        if (r < 0) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: a path list is too long", path);
+            return r;
+        }
+        paths[0] = paths[2] = NULL; /* done */
+    }
     for (size_t i = 0; i < OMV_ARRAY_SIZE(paths); i++) {
-        if (resolve(paths[i], OMV_JOB_PATH_MAX, path) < 0) {
+        if (paths[i] != NULL && resolve(paths[i], OMV_JOB_PATH_MAX, path) < 0) {
             snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: path '%s' is too long", path, paths[i]);
             return -ENAMETOOLONG;
         }

@@ -34,6 +34,11 @@ typedef struct {
     char test_images[OMV_JOB_PATH_MAX];
     char test_labels[OMV_JOB_PATH_MAX];
     int64_t train_limit; /* use only the first N training images; 0: all */
+    char data_format[16]; /* idx or cifar10 */
+    double scale;         /* pixel byte * scale, then per channel - mean, / std */
+    char mean_text[256], std_text[256];
+    float mean[16], std[16]; /* parsed: 0, 1 or as many as the model's input channels */
+    uint32_t n_mean, n_std;
     /* [train] */
     int64_t batch_size; /* per compute group; each of its workers takes an equal part */
     double learning_rate;

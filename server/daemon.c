@@ -360,6 +360,11 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
     j->n_layers = d->job.n_layers;
     memcpy(j->layers, d->job.layers, sizeof(j->layers));
     omv_strlcpy(j->model, d->job.model_text, sizeof(j->model));
+    omv_strlcpy(j->data_format, d->job.data_format, sizeof(j->data_format));
+    j->scale = (float)d->job.scale;
+    j->n_mean = d->job.n_mean, j->n_std = d->job.n_std;
+    memcpy(j->mean, d->job.mean, sizeof(j->mean));
+    memcpy(j->std, d->job.std, sizeof(j->std));
     omv_strlcpy(j->train_images, d->job.train_images, sizeof(j->train_images));
     omv_strlcpy(j->train_labels, d->job.train_labels, sizeof(j->train_labels));
     omv_strlcpy(j->test_images, d->job.test_images, sizeof(j->test_images));
@@ -796,15 +801,17 @@ static int setup_job(omv_daemon_t *d)
 {
     char err[OMV_CONFIG_ERR_MAX];
     const omv_job_t *j = &d->job;
-    uint32_t count, rows, cols;
-    int r = omv_dataset_probe(j->train_images, &count, &rows, &cols, err);
+    uint32_t count, channels, rows, cols;
+    int r = omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
+                                     &cols, err);
     if (r < 0) {
         omv_log_error("%s", err);
         return r;
     }
-    if (rows * cols != j->layers[0]) {
-        omv_log_error("%s: images are %ux%u = %u values but [model] layers starts with %u",
-                      j->train_images, rows, cols, rows * cols, j->layers[0]);
+    if (channels * rows * cols != j->layers[0]) {
+        omv_log_error("%s: images are %ux%ux%u = %u values but the model takes %u inputs",
+                      j->train_images, channels, rows, cols, channels * rows * cols,
+                      j->layers[0]);
         return -EINVAL;
     }
     if (j->train_limit > 0 && (uint64_t)j->train_limit < count)

@@ -262,6 +262,37 @@ START_TEST(test_bad_definition)
 }
 END_TEST
 
+START_TEST(test_data_format_and_normalisation)
+{
+    write_model("rgb.model", "input 3x4x4\nfc 10\n");
+    write_job("[model]\ndefinition = rgb.model\n[data]\nformat = cifar10\n"
+              "train_images = a.bin, b.bin\ntest_images = /abs/test_batch.bin\n"
+              "mean = 0.49, 0.48, 0.45\nstd = 0.25\nscale = 0.5\n");
+    omv_job_t job;
+    char err[OMV_CONFIG_ERR_MAX];
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    char want[1200];
+    snprintf(want, sizeof(want), "%s/a.bin,%s/b.bin", dir, dir);
+    ck_assert_str_eq(job.train_images, want);
+    ck_assert_str_eq(job.test_images, "/abs/test_batch.bin");
+    ck_assert_str_eq(job.data_format, "cifar10");
+    ck_assert_uint_eq(job.n_mean, 3);
+    ck_assert_float_eq_tol(job.mean[2], 0.45f, 1e-7f);
+    ck_assert_uint_eq(job.n_std, 1);
+    ck_assert_float_eq_tol(job.std[0], 0.25f, 1e-7f);
+    ck_assert_double_eq(job.scale, 0.5);
+
+    const char *words[] = {path, "[data] mean", "2 values for a model input of 3 channels", NULL};
+    assert_refused("[model]\ndefinition = rgb.model\n[data]\nmean = 0.5 0.5\n", words);
+    const char *words2[] = {path, "[data] std", "positive", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[data]\nstd = 0\n", words2);
+    const char *words3[] = {path, "[data] format", "'png'", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[data]\nformat = png\n", words3);
+    const char *words4[] = {path, "[data] mean", "not a list", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[data]\nmean = half\n", words4);
+}
+END_TEST
+
 START_TEST(test_syntax_error)
 {
     const char *words[] = {at(4), "syntax", NULL};
@@ -381,6 +412,7 @@ static Suite *job_suite(void)
     tcase_add_test(tc, test_bad_layers);
     tcase_add_test(tc, test_syntax_error);
     tcase_add_test(tc, test_definition_file);
+    tcase_add_test(tc, test_data_format_and_normalisation);
     tcase_add_test(tc, test_bad_definition);
     tcase_add_test(tc, test_cluster_rules);
     tcase_add_test(tc, test_missing_file);

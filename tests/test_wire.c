@@ -39,6 +39,10 @@ static void make_welcome(omv_msg_t *m)
     j->shard_offsets[3] = 235146;
     j->eval_batch_size = 1000;
     strcpy(j->model, "input 1x28x28\nconv 32 5x5 pad 2\nrelu\nfc 10\n");
+    strcpy(j->data_format, "cifar10");
+    j->scale = 0.5f;
+    j->n_mean = 3, j->mean[0] = 0.1f, j->mean[1] = 0.2f, j->mean[2] = 0.3f;
+    j->n_std = 1, j->std[0] = 0.25f;
 }
 
 /* One message of each type but welcome, every field set; 64-bit fields go above 32 bits. */
@@ -103,6 +107,12 @@ START_TEST(test_welcome_round_trip)
     ck_assert_str_eq(b->job.test_images, a->job.test_images);
     ck_assert_str_eq(b->job.test_labels, a->job.test_labels);
     ck_assert_str_eq(b->job.model, a->job.model);
+    ck_assert_str_eq(b->job.data_format, "cifar10");
+    ck_assert_float_eq(b->job.scale, 0.5f);
+    ck_assert_uint_eq(b->job.n_mean, 3);
+    ck_assert_mem_eq(b->job.mean, a->job.mean, 3 * sizeof(float));
+    ck_assert_uint_eq(b->job.n_std, 1);
+    ck_assert_float_eq(b->job.std[0], 0.25f);
     ck_assert_uint_eq(b->job.batch_size, 32);
     ck_assert(b->job.seed == 0x0123456789abcdefULL);
     ck_assert_uint_eq(b->job.slice_begin, 30000);

@@ -26,6 +26,7 @@ typedef struct {
     omv_model_layout_t layout;
     omv_net_t *net;
     omv_dataset_t data;
+    omv_dataset_norm_t norm;
     float *params; /* [param_count] */
     float *grad;   /* [param_count] */
     float *x;      /* [batch][inputs] */
@@ -153,20 +154,33 @@ static int prepare(session_t *s, uint32_t batch)
                       r < 0 && j->model[0] ? err : "wrong parameter count");
         return -EPROTO;
     }
+    const char *format = j->data_format[0] ? j->data_format : "idx";
     if (s->cfg->role == OMV_ROLE_TRAINER)
-        r = omv_dataset_load(&s->data, j->train_images, j->train_labels, j->slice_begin,
+        r = omv_dataset_open(&s->data, format, j->train_images, j->train_labels, j->slice_begin,
                              j->slice_count, err);
     else
-        r = omv_dataset_load(&s->data, j->test_images, j->test_labels, 0, 0, err);
+        r = omv_dataset_open(&s->data, format, j->test_images, j->test_labels, 0, 0, err);
     if (r < 0) {
         omv_log_error("%s", err);
         return r;
     }
-    if (s->data.rows * s->data.cols != s->layout.inputs) {
-        omv_log_error("images are %ux%u but the model takes %u inputs", s->data.rows,
-                      s->data.cols, s->layout.inputs);
+    const omv_shape_t *in = &s->layout.input;
+    if (s->data.channels * s->data.rows * s->data.cols != s->layout.inputs ||
+        (in->h * in->w > 1 && s->data.channels != in->c)) {
+        omv_log_error("images are %ux%ux%u but the model takes %ux%ux%u", s->data.channels,
+                      s->data.rows, s->data.cols, in->c, in->h, in->w);
         return -EINVAL;
     }
+    if ((j->n_mean > 1 && j->n_mean != s->data.channels) ||
+        (j->n_std > 1 && j->n_std != s->data.channels)) {
+        omv_log_error("job normalises %u/%u channels but images have %u", j->n_mean, j->n_std,
+                      s->data.channels);
+        return -EINVAL;
+    }
+    s->norm.scale = j->scale;
+    s->norm.n_mean = j->n_mean, s->norm.n_std = j->n_std;
+    memcpy(s->norm.mean, j->mean, sizeof(s->norm.mean));
+    memcpy(s->norm.std, j->std, sizeof(s->norm.std));
     if (s->data.max_label >= s->layout.classes) {
         omv_log_error("labels go up to %u but the model has %u classes", s->data.max_label,
                       s->layout.classes);
@@ -189,17 +203,10 @@ static int prepare(session_t *s, uint32_t batch)
     return 0;
 }
 
-/* Gathers images idx[0..n) of the slice into x (scaled to [0, 1]) and y. */
+/* Gathers images idx[0..n) of the slice into x (normalised, channels-last) and y. */
 static void gather(session_t *s, const uint32_t *idx, uint32_t n)
 {
-    uint32_t in = s->layout.inputs;
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *px = s->data.pixels + (size_t)idx[i] * in;
-        float *xr = s->x + (size_t)i * in;
-        for (uint32_t k = 0; k < in; k++)
-            xr[k] = (float)px[k] * (1.0f / 255.0f);
-        s->y[i] = s->data.labels[idx[i]];
-    }
+    omv_dataset_gather(&s->data, &s->norm, idx, n, s->x, s->y);
 }
 
 /* Pulls every shard of the parameters for `step`. Returns 0, WAIT_DONE or a negative errno. */
