@@ -28,6 +28,9 @@ static const char *bin(const char *env)
     return p;
 }
 
+/* The [model] section of the next write_job: an MLP unless a test says otherwise. */
+static const char *model_section = "layers = 64 32 4";
+
 /* A job on generated 8x8 images of 4 classes. extra is appended to the [cluster] section. */
 static void write_job(int workers, int epochs, const char *cluster_extra)
 {
@@ -43,13 +46,13 @@ static void write_job(int workers, int epochs, const char *cluster_extra)
     ck_assert_ptr_nonnull(f);
     fprintf(f,
             "[job]\nname = blobs\nepochs = %d\nseed = 7\n"
-            "[model]\nlayers = 64 32 4\n"
+            "[model]\n%s\n"
             "[data]\ntrain_images = train-images.gz\ntrain_labels = train-labels.gz\n"
             "test_images = test-images\ntest_labels = test-labels\n"
             "[train]\nbatch_size = 32\nlearning_rate = 0.05\nmomentum = 0.9\n"
             "[cluster]\nworkers = %d\nworker_timeout_s = 1.5\n%s\n"
             "[eval]\nevery_epochs = 1\nbatch_size = 128\nprogress_interval_s = 0.5\n",
-            epochs, workers, cluster_extra);
+            epochs, model_section, workers, cluster_extra);
     fclose(f);
     snprintf(sock_path, sizeof(sock_path), "%s/control.sock", dir);
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
@@ -165,6 +168,32 @@ START_TEST(test_train_sync)
 {
     write_job(2, 4, "groups = 1\nstaleness = none");
     check_trained("");
+}
+END_TEST
+
+START_TEST(test_train_cnn)
+{
+    /* A model definition file travels to the workers; the daemon prints its summary. */
+    char model[700];
+    snprintf(model, sizeof(model), "%s/blobs.model", dir);
+    FILE *f = fopen(model, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nrelu\nmaxpool 2\nflatten\nfc 4\nsoftmax\n", f);
+    fclose(f);
+    model_section = "definition = blobs.model";
+    write_job(2, 4, "groups = 1\nstaleness = none");
+    model_section = "layers = 64 32 4";
+    check_trained("");
+    char log_path[700], log[16384];
+    snprintf(log_path, sizeof(log_path), "%s/run.log", dir);
+    f = fopen(log_path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t len = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[len] = '\0';
+    ck_assert_msg(has_text(log, "conv 8 3x3 s1 p1") && has_text(log, "8x8x8") &&
+                      has_text(log, "total"),
+                  "no model summary in the log: %s", log);
 }
 END_TEST
 
@@ -462,6 +491,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_train_sync);
+    tcase_add_test(tc, test_train_cnn);
     tcase_add_test(tc, test_train_groups_lockstep);
     tcase_add_test(tc, test_train_groups_unbounded);
     tcase_add_test(tc, test_broken_job_file);
