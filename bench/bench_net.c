@@ -1,13 +1,12 @@
 /* Training-step throughput of the gradient engine for the example MLP and CNN: images/s (median
  * of repeats after a warm-up), GFLOP/s achieved in the GEMM-shaped layers, and that as a fraction
  * of a cblas_sgemm peak measured in the same run with the same thread count. Per layer too.
- * Thread use is compared both ways: BLAS threads on the whole batch, and the batch split across
- * threads (one engine each, one BLAS thread each). Prints a table, then all figures as one JSON
+ * Thread use is compared both ways: BLAS threads on the whole batch (blas), and the engine's
+ * batch split across threads, each with its own buffers and one BLAS thread (split). Prints a table, then all figures as one JSON
  * object on the last line.
  *   bench_net [--reps N] [--rep-seconds S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn]
  */
 #include <errno.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,60 +76,6 @@ static double sgemm_peak(int n)
     return median(rates, reps);
 }
 
-/* One engine and its inputs: a whole batch, or one thread's part of it. */
-typedef struct {
-    omv_net_t *net;
-    const omv_model_layout_t *layout;
-    float *params; /* shared, read-only during the step */
-    float *grad;   /* [param_count] this part's gradient */
-    float *x;
-    uint8_t *y;
-    uint32_t batch;
-    float loss;
-    pthread_barrier_t *start, *done;
-    volatile int *quit;
-} part_t;
-
-static int make_part(part_t *p, const omv_model_layout_t *l, float *params, uint32_t batch,
-                     uint64_t seed)
-{
-    memset(p, 0, sizeof(*p));
-    p->layout = l;
-    p->params = params;
-    p->batch = batch;
-    p->net = omv_net_new(l, batch);
-    p->grad = malloc(l->param_count * sizeof(float));
-    p->x = malloc((size_t)batch * l->inputs * sizeof(float));
-    p->y = malloc(batch);
-    if (!p->net || !p->grad || !p->x || !p->y)
-        return -ENOMEM;
-    omv_rng_t rng;
-    omv_rng_init(&rng, seed);
-    for (size_t i = 0; i < (size_t)batch * l->inputs; i++)
-        p->x[i] = (float)omv_rng_uniform(&rng);
-    for (uint32_t i = 0; i < batch; i++)
-        p->y[i] = (uint8_t)omv_rng_below(&rng, l->classes);
-    return 0;
-}
-
-static void free_part(part_t *p)
-{
-    omv_net_destroy(&p->net);
-    free(p->grad), free(p->x), free(p->y);
-}
-
-static void *part_thread(void *arg)
-{
-    part_t *p = arg;
-    for (;;) {
-        pthread_barrier_wait(p->start);
-        if (*p->quit)
-            return NULL;
-        p->loss = omv_net_train_step(p->net, p->params, p->x, p->y, p->batch, p->grad);
-        pthread_barrier_wait(p->done);
-    }
-}
-
 /* SGD with momentum, as the daemon applies it and torch.optim.SGD does. */
 static void sgd(float *params, float *vel, const float *grad, size_t n)
 {
@@ -149,56 +94,36 @@ typedef struct {
     double layer_gflops[OMV_MODEL_MAX_LAYERS], layer_ms[OMV_MODEL_MAX_LAYERS];
 } result_t;
 
-/* Runs one case: `split` threads each with batch / split images and one BLAS thread, or one
- * engine with `threads` BLAS threads when split is 1. */
+/* Runs one case: the engine on `threads` threads splitting the batch (split, BLAS on one
+ * thread), or one engine with `threads` BLAS threads (blas). */
 static int run_case(const omv_model_layout_t *l, uint32_t batch, int threads, int split,
                     result_t *res)
 {
     size_t n = l->param_count;
     float *params = malloc(n * sizeof(float)), *vel = calloc(n, sizeof(float));
-    part_t parts[8];
-    pthread_t tids[8];
-    pthread_barrier_t start, done;
-    volatile int quit = 0;
-    int r = 0;
-    omv_model_init(l, params, 1);
-    omv_blas_set_threads(split > 1 ? 1 : threads);
-    for (int i = 0; i < split; i++) {
-        r |= make_part(&parts[i], l, params, batch / (uint32_t)split, 7 + (uint64_t)i);
-        parts[i].start = &start, parts[i].done = &done, parts[i].quit = &quit;
-    }
-    if (r < 0 || params == NULL || vel == NULL) {
+    float *grad = malloc(n * sizeof(float));
+    float *x = malloc((size_t)batch * l->inputs * sizeof(float));
+    uint8_t *y = malloc(batch);
+    omv_blas_set_threads(split ? 1 : threads);
+    omv_net_t *net = omv_net_new_threads(l, batch, split ? (uint32_t)threads : 1);
+    if (!params || !vel || !grad || !x || !y || !net) {
         fprintf(stderr, "bench_net: out of memory\n");
         exit(1);
     }
-    pthread_barrier_init(&start, NULL, (unsigned)split);
-    pthread_barrier_init(&done, NULL, (unsigned)split);
-    for (int i = 1; i < split; i++)
-        pthread_create(&tids[i], NULL, part_thread, &parts[i]);
-
-    /* One step: every part's gradient, their mean, the update. The calling thread is part 0. */
-#define STEP()                                                                                     \
-    do {                                                                                           \
-        if (split > 1)                                                                             \
-            pthread_barrier_wait(&start);                                                          \
-        omv_net_train_step(parts[0].net, params, parts[0].x, parts[0].y, parts[0].batch,          \
-                           parts[0].grad);                                                         \
-        if (split > 1) {                                                                           \
-            pthread_barrier_wait(&done);                                                           \
-            for (int p_ = 1; p_ < split; p_++)                                                     \
-                for (size_t i_ = 0; i_ < n; i_++)                                                  \
-                    parts[0].grad[i_] += parts[p_].grad[i_];                                       \
-            for (size_t i_ = 0; i_ < n; i_++)                                                      \
-                parts[0].grad[i_] *= 1.0f / (float)split;                                          \
-        }                                                                                          \
-        sgd(params, vel, parts[0].grad, n);                                                        \
-    } while (0)
+    omv_model_init(l, params, 1);
+    omv_rng_t rng;
+    omv_rng_init(&rng, 7);
+    for (size_t i = 0; i < (size_t)batch * l->inputs; i++)
+        x[i] = (float)omv_rng_uniform(&rng);
+    for (uint32_t i = 0; i < batch; i++)
+        y[i] = (uint8_t)omv_rng_below(&rng, l->classes);
 
     /* Warm-up, which also sizes a repeat to about rep_seconds. */
     double t0 = omv_time_s();
     int warm = 0;
     while (warm < 3 || omv_time_s() - t0 < 0.3) {
-        STEP();
+        omv_net_train_step(net, params, x, y, batch, grad);
+        sgd(params, vel, grad, n);
         warm++;
     }
     double per_step = (omv_time_s() - t0) / warm;
@@ -207,8 +132,10 @@ static int run_case(const omv_model_layout_t *l, uint32_t batch, int threads, in
     double rates[MAX_REPS];
     for (int rep = 0; rep < reps; rep++) {
         t0 = omv_time_s();
-        for (int s = 0; s < steps; s++)
-            STEP();
+        for (int s = 0; s < steps; s++) {
+            omv_net_train_step(net, params, x, y, batch, grad);
+            sgd(params, vel, grad, n);
+        }
         rates[rep] = (double)steps * batch / (omv_time_s() - t0);
     }
     res->images_per_second = median(rates, reps);
@@ -217,30 +144,20 @@ static int run_case(const omv_model_layout_t *l, uint32_t batch, int threads, in
         flops += layer_flops(&l->layers[i], batch, i == 0);
     res->gflops = flops * res->images_per_second / batch / 1e9;
 
-    /* Per layer, from the whole-batch engine only (a split step's layers overlap in time). */
-    if (split == 1) {
-        double secs[OMV_MODEL_MAX_LAYERS] = {0};
-        omv_net_profile(parts[0].net, secs);
-        for (int s = 0; s < steps; s++)
-            STEP();
-        omv_net_profile(parts[0].net, NULL);
-        for (uint32_t i = 0; i < l->n_layers; i++) {
-            res->layer_ms[i] = 1000.0 * secs[i] / steps;
-            double f = layer_flops(&l->layers[i], batch, i == 0);
-            res->layer_gflops[i] = f > 0 ? f / (secs[i] / steps) / 1e9 : 0.0;
-        }
+    /* Per layer: the first thread's part, while the others run theirs at the same time; its
+     * rate counts the whole batch. */
+    double secs[OMV_MODEL_MAX_LAYERS] = {0};
+    omv_net_profile(net, secs);
+    for (int s = 0; s < steps; s++)
+        omv_net_train_step(net, params, x, y, batch, grad);
+    omv_net_profile(net, NULL);
+    for (uint32_t i = 0; i < l->n_layers; i++) {
+        res->layer_ms[i] = 1000.0 * secs[i] / steps;
+        double f = layer_flops(&l->layers[i], batch, i == 0);
+        res->layer_gflops[i] = f > 0 && secs[i] > 0 ? f / (secs[i] / steps) / 1e9 : 0.0;
     }
-#undef STEP
-    quit = 1;
-    if (split > 1)
-        pthread_barrier_wait(&start);
-    for (int i = 1; i < split; i++)
-        pthread_join(tids[i], NULL);
-    pthread_barrier_destroy(&start);
-    pthread_barrier_destroy(&done);
-    for (int i = 0; i < split; i++)
-        free_part(&parts[i]);
-    free(params), free(vel);
+    omv_net_destroy(&net);
+    free(params), free(vel), free(grad), free(x), free(y);
     return 0;
 }
 
@@ -317,11 +234,10 @@ int main(int argc, char **argv)
         }
         for (int b = 0; b < n_batches; b++) {
             for (int t = 0; t < n_threads; t++) {
-                for (int split = 1; split <= threads[t]; split += threads[t] > 1 ? threads[t] - 1 : 1) {
-                    if (split > 1 && (uint32_t)batches[b] % (uint32_t)split != 0)
-                        continue;
+                /* One thread: both modes are the same. */
+                for (int split = 0; split <= (threads[t] > 1); split++) {
                     result_t res = {names[m], (uint32_t)batches[b], threads[t],
-                                    split > 1 ? "split" : "blas", 0, 0, 0, {0}, {0}};
+                                    split ? "split" : "blas", 0, 0, 0, {0}, {0}};
                     run_case(&l, (uint32_t)batches[b], threads[t], split, &res);
                     int k = threads[t] < 5 ? threads[t] : 4;
                     res.fraction = res.gflops / peak[k];
@@ -335,7 +251,7 @@ int main(int argc, char **argv)
                                       first_case ? "" : ",", res.model, res.batch, res.threads,
                                       res.mode, res.images_per_second, res.gflops, res.fraction);
                     first_case = 0;
-                    for (uint32_t i = 0; split == 1 && i < l.n_layers; i++) {
+                    for (uint32_t i = 0; i < l.n_layers; i++) {
                         const omv_model_layer_t *x = &l.layers[i];
                         const char *kind = omv_model_layer_name(x->kind);
                         if (res.layer_gflops[i] > 0)

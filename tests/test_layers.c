@@ -394,6 +394,69 @@ START_TEST(test_cnn_learns_blobs)
 }
 END_TEST
 
+START_TEST(test_threads_split_the_batch)
+{
+    /* A batch split over threads gives the single thread's loss, gradient and evaluation. */
+    omv_model_layout_t l = parse("input 2x8x8\nconv 4 3x3 pad 1\nrelu\nmaxpool 2\nconv 3 3x3\n"
+                                 "relu\navgpool 2\nfc 5\nrelu\nfc 3\n");
+    enum { B = 7 };
+    size_t n = l.param_count;
+    float *params = malloc(n * sizeof(float)), *g1 = malloc(n * sizeof(float));
+    float *g2 = malloc(n * sizeof(float)), *x = malloc(B * l.inputs * sizeof(float));
+    uint8_t y[B];
+    omv_model_init(&l, params, 21);
+    omv_rng_t rng;
+    omv_rng_init(&rng, 22);
+    for (size_t i = 0; i < B * l.inputs; i++)
+        x[i] = (float)omv_rng_normal(&rng);
+    for (int i = 0; i < B; i++)
+        y[i] = (uint8_t)omv_rng_below(&rng, 3);
+    omv_net_t *one = omv_net_new(&l, B);
+    float loss1 = omv_net_train_step(one, params, x, y, B, g1);
+    uint32_t c1;
+    double s1;
+    omv_net_evaluate(one, params, x, y, B, &c1, &s1);
+    const uint32_t threads[] = {2, 3, 16};
+    for (size_t t = 0; t < 3; t++) {
+        omv_net_t *many = omv_net_new_threads(&l, B, threads[t]);
+        ck_assert_ptr_nonnull(many);
+        ck_assert_uint_eq(omv_net_threads(many), threads[t] < B ? threads[t] : B);
+        for (int rep = 0; rep < 3; rep++) { /* the threads wake for every step */
+            for (size_t i = 0; i < n; i++)
+                g2[i] = 99.0f;
+            /* A smaller batch leaves some threads a share of one image or none. */
+            uint32_t b = rep == 2 ? 2 : B;
+            float loss2 = omv_net_train_step(many, params, x, y, b, g2);
+            if (b != B)
+                continue;
+            ck_assert_float_eq_tol(loss2, loss1, 1e-5f);
+            for (size_t i = 0; i < n; i++)
+                ck_assert_msg(fabsf(g2[i] - g1[i]) <= 1e-5f + 1e-4f * fabsf(g1[i]),
+                              "%u threads: grad[%zu] %g, one thread %g", threads[t], i,
+                              (double)g2[i], (double)g1[i]);
+        }
+        uint32_t c2;
+        double s2;
+        omv_net_evaluate(many, params, x, y, B, &c2, &s2);
+        ck_assert_uint_eq(c2, c1);
+        ck_assert_double_eq_tol(s2, s1, 1e-4);
+        omv_net_destroy(&many);
+    }
+    omv_net_t *small = omv_net_new_threads(&l, B, 2);
+    float loss_small = omv_net_train_step(small, params, x, y, 2, g2);
+    float loss_ref = omv_net_train_step(one, params, x, y, 2, g1);
+    ck_assert_float_eq_tol(loss_small, loss_ref, 1e-5f);
+    for (size_t i = 0; i < n; i++)
+        ck_assert(fabsf(g2[i] - g1[i]) <= 1e-5f + 1e-4f * fabsf(g1[i]));
+    omv_net_destroy(&small);
+    errno = 0;
+    ck_assert_ptr_null(omv_net_new_threads(&l, B, 0));
+    ck_assert_int_eq(errno, EINVAL);
+    omv_net_destroy(&one);
+    free(params), free(g1), free(g2), free(x);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("layers");
@@ -412,6 +475,7 @@ int main(void)
     tcase_add_test(tv, test_pooling_by_hand);
     tcase_add_test(tv, test_dropout_mask);
     tcase_add_test(tv, test_cnn_learns_blobs);
+    tcase_add_test(tv, test_threads_split_the_batch);
     suite_add_tcase(s, tv);
     return omv_test_run(s);
 }

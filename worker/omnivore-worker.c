@@ -26,7 +26,7 @@ static void usage(FILE *out)
             "  -s, --server ENDPOINT   the daemon's worker endpoint, e.g. tcp://head:5555\n"
             "                          (default: $OMNIVORE_SERVER)\n"
             "  -r, --role ROLE         trainer (default) or evaluator\n"
-            "  -t, --threads N         BLAS threads (default 1)\n"
+            "  -t, --threads N         threads that split each batch (default 1)\n"
             "      --hello-timeout S   seconds to wait for the daemon's welcome (default 30)\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"

@@ -186,7 +186,7 @@ static int prepare(session_t *s, uint32_t batch)
                       s->layout.classes);
         return -EINVAL;
     }
-    s->net = omv_net_new(&s->layout, batch);
+    s->net = omv_net_new_threads(&s->layout, batch, (uint32_t)s->cfg->threads);
     if (s->net != NULL)
         omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
     s->params = malloc(j->param_count * sizeof(float));
@@ -352,7 +352,9 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
     s.stop = stop;
-    omv_blas_set_threads(cfg->threads);
+    /* The engine splits each batch over cfg->threads threads of its own; BLAS runs one thread
+     * per call so that the two pools do not fight (measured: bench/bench_net.c). */
+    omv_blas_set_threads(1);
     s.link = omv_link_new(cfg->endpoint);
     if (s.link == NULL) {
         int e = errno;
