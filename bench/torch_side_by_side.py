@@ -10,7 +10,7 @@ ours/PyTorch per case, then all figures as one JSON object on the last line.
 Installs nothing: it needs Debian's python3-torch for the system python (/usr/bin/python3).
 
     bench/torch_side_by_side.py --bench build/bench/bench_net [--reps 7] [--rep-seconds 0.5]
-        [--batches 64,256] [--threads 1,2] [--models mlp,cnn] [--mode blas|split|best]
+        [--batches 64,256] [--threads 1,2] [--models mlp,cnn] [--mode split|blas|best]
 """
 import argparse
 import json
@@ -98,8 +98,9 @@ def main():
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default="mlp,cnn")
-    ap.add_argument("--mode", default="blas", choices=["blas", "split", "best"],
-                    help="which of our thread modes to compare (the worker uses blas)")
+    ap.add_argument("--mode", default="split", choices=["blas", "split", "best"],
+                    help="which of our thread modes to compare (the worker uses split; with "
+                         "one thread both are the same)")
     a = ap.parse_args()
     if not os.access(a.bench, os.X_OK):
         fail(f"{a.bench} is not built: run ninja -C build first")
