@@ -214,6 +214,19 @@ static void conv_backward(omv_layer_t *self, const float *params, float *din, ui
 
 /* ---- pooling ---- */
 
+/* One window position of max pooling over c channels. Selects instead of branches, and
+ * pointers that do not alias, so that the channel loop vectorises. */
+static void window_max(float *restrict out, uint32_t *restrict arg, const float *restrict src,
+                       uint32_t at, uint32_t c)
+{
+    for (uint32_t j = 0; j < c; j++) {
+        float v = src[j], o = out[j];
+        uint32_t take = 0u - (uint32_t)(v > o); /* all ones where src wins */
+        out[j] = v > o ? v : o;
+        arg[j] = (arg[j] & ~take) | ((at + j) & take);
+    }
+}
+
 static void maxpool_forward(omv_layer_t *self, const float *in, uint32_t batch)
 {
     const omv_model_layer_t *s = &self->spec;
@@ -230,14 +243,7 @@ static void maxpool_forward(omv_layer_t *self, const float *in, uint32_t batch)
                     for (uint32_t kx = 0; kx < s->kw; kx++) {
                         size_t at = base + (((size_t)oy * s->stride + ky) * w +
                                             (size_t)ox * s->stride + kx) * c;
-                        const float *src = in + at;
-                        uint32_t at_img = (uint32_t)(at - base);
-                        /* Selects instead of branches, so that the channel loop vectorises. */
-                        for (uint32_t j = 0; j < c; j++) {
-                            int gt = src[j] > out[j];
-                            out[j] = gt ? src[j] : out[j];
-                            arg[j] = gt ? at_img + j : arg[j];
-                        }
+                        window_max(out, arg, in + at, (uint32_t)(at - base), c);
                     }
                 }
                 out += c;
@@ -297,23 +303,49 @@ static void avgpool_walk(omv_layer_t *self, const float *in, float *din, uint32_
 
 /* ---- element-wise ---- */
 
+/* max(v, 0) over v[len] in place: one pointer, so the vectoriser needs no overlap check (it
+ * would fail for in == out and fall back to scalar code). */
+static void relu_in_place(float *restrict v, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+}
+
 static void relu_forward(omv_layer_t *self, const float *in, uint32_t batch)
 {
     size_t len = (size_t)batch * self->out_size;
-    if (!self->owns_out)
+    if (!self->owns_out) {
         self->out = (float *)in; /* in place: the input's buffer becomes the output */
-    float *out = self->out;
+        relu_in_place(self->out, len);
+        return;
+    }
+    float *restrict out = self->out;
     for (size_t i = 0; i < len; i++)
         out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+/* d = out > 0 ? d : 0; d is the layer's own dout (in place: din) or copied into din. */
+static void relu_mask(float *restrict din, const float *restrict d, const float *restrict out,
+                      size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        din[i] = out[i] > 0.0f ? d[i] : 0.0f;
+}
+
+static void relu_mask_in_place(float *restrict d, const float *restrict out, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        d[i] = out[i] > 0.0f ? d[i] : 0.0f;
 }
 
 /* The mask is read from the output: in place, the input is gone, and out > 0 iff in > 0. */
 static void relu_backward(omv_layer_t *self, float *din, uint32_t batch)
 {
     size_t len = (size_t)batch * self->out_size;
-    const float *d = self->dout, *out = self->out;
-    for (size_t i = 0; i < len; i++)
-        din[i] = out[i] > 0.0f ? d[i] : 0.0f;
+    if (din == self->dout)
+        relu_mask_in_place(din, self->out, len);
+    else
+        relu_mask(din, self->dout, self->out, len);
 }
 
 static void dropout_forward(omv_layer_t *self, const float *in, uint32_t batch, bool train,
