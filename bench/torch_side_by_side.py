@@ -7,6 +7,11 @@ repeats after a warm-up) and then runs bench_net for the same case right after i
 figures come from the same minute of a noisy shared machine. Prints a table with the ratio
 ours/PyTorch per case, then all figures as one JSON object on the last line.
 
+Each PyTorch case runs in a child process whose OPENBLAS_NUM_THREADS and OMP_NUM_THREADS are
+the case's thread count: Debian's torch does its fp32 matrix products in the system OpenBLAS,
+whose pool torch.set_num_threads does not size (left alone, a "1 thread" case ran OpenBLAS on
+every core).
+
 Installs nothing: it needs Debian's python3-torch for the system python (/usr/bin/python3).
 
     bench/torch_side_by_side.py --bench build/bench/bench_net [--reps 7] [--rep-seconds 0.5]
@@ -76,6 +81,15 @@ def torch_case(name, batch, threads, reps, rep_seconds):
     return statistics.median(rates)
 
 
+def torch_case_in_child(name, batch, threads, reps, rep_seconds):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--torch-case", name, str(batch),
+         str(threads), str(reps), str(rep_seconds)],
+        check=True, capture_output=True, text=True, env=env).stdout
+    return float(out.strip().splitlines()[-1])
+
+
 def ours_case(bench, name, batch, threads, reps, rep_seconds, mode):
     out = subprocess.run(
         [bench, "--models", name, "--batches", str(batch), "--threads", str(threads),
@@ -98,10 +112,17 @@ def main():
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--torch-case", nargs=5, metavar=("MODEL", "BATCH", "THREADS", "REPS", "SECS"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="split", choices=["blas", "split", "best"],
                     help="which of our thread modes to compare (the worker uses split; with "
                          "one thread both are the same)")
     a = ap.parse_args()
+    if a.torch_case:
+        torch.set_num_interop_threads(1)
+        name, batch, threads, reps, secs = a.torch_case
+        print(torch_case(name, int(batch), int(threads), int(reps), float(secs)))
+        return
     if not os.access(a.bench, os.X_OK):
         fail(f"{a.bench} is not built: run ninja -C build first")
     torch.set_num_interop_threads(1)
@@ -114,7 +135,7 @@ def main():
     for name in a.models.split(","):
         for batch in (int(b) for b in a.batches.split(",")):
             for threads in (int(t) for t in a.threads.split(",")):
-                pt = torch_case(name, batch, threads, a.reps, a.rep_seconds)
+                pt = torch_case_in_child(name, batch, threads, a.reps, a.rep_seconds)
                 ours, peak = ours_case(a.bench, name, batch, threads, a.reps, a.rep_seconds,
                                        a.mode)
                 ratio = ours["images_per_second"] / pt
