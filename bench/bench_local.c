@@ -7,7 +7,7 @@
 
 #include "blas.h"
 #include "dataset.h"
-#include "mlp.h"
+#include "net.h"
 #include "rng.h"
 #include "shard.h"
 #include "util.h"
@@ -38,8 +38,10 @@ int main(int argc, char **argv)
     size_t jl = (size_t)snprintf(json, sizeof(json), "{\"threads\":1,\"cases\":[");
     for (size_t bi = 0; bi < OMV_ARRAY_SIZE(batches); bi++) {
         uint32_t b = batches[bi];
-        omv_mlp_t *mlp = omv_mlp_new(widths, 3, b);
-        const omv_model_layout_t *l = omv_mlp_layout(mlp);
+        omv_model_layout_t layout;
+        omv_model_layout(&layout, widths, 3);
+        omv_net_t *mlp = omv_net_new(&layout, b);
+        const omv_model_layout_t *l = omv_net_layout(mlp);
         float *params = malloc(l->param_count * sizeof(float));
         float *grad = malloc(l->param_count * sizeof(float));
         float *x = malloc((size_t)b * 784 * sizeof(float));
@@ -61,7 +63,7 @@ int main(int argc, char **argv)
                         x[i * 784 + p] = data.pixels[(size_t)k * 784 + p] * (1.0f / 255.0f);
                     y[i] = data.labels[k];
                 }
-                omv_mlp_train_step(mlp, params, x, y, b, grad);
+                omv_net_train_step(mlp, params, x, y, b, grad);
                 omv_shard_accumulate(&shard, 0, grad);
                 omv_shard_apply(&shard, 0, 1, &sgd);
             }
@@ -78,7 +80,7 @@ int main(int argc, char **argv)
         free(grad);
         free(x);
         free(y);
-        omv_mlp_destroy(&mlp);
+        omv_net_destroy(&mlp);
     }
     snprintf(json + jl, sizeof(json) - jl, "]}");
     printf("%s\n", json);

@@ -1,4 +1,5 @@
-/* IDX reader (gzip through zlib, which reads uncompressed files as they are). */
+/* IDX and CIFAR-10 readers (gzip through zlib, which reads uncompressed files as they are), and
+ * the normalising gather. */
 #include "dataset.h"
 
 #include <errno.h>
@@ -130,6 +131,7 @@ int omv_dataset_load(omv_dataset_t *ret, const char *images_path, const char *la
         goto out;
     }
     d.count = count;
+    d.channels = 1;
     d.rows = fi.dims[1];
     d.cols = fi.dims[2];
     uint64_t size = (uint64_t)d.rows * d.cols;
@@ -157,6 +159,239 @@ out:
     idx_close(&fl);
     omv_dataset_fini(&d);
     return r;
+}
+
+/* Counts the records of one CIFAR-10 file: its length must be a whole number of them. */
+static int cifar_count(const char *path, uint64_t *ret_count, char *err)
+{
+    gzFile gz = gzopen(path, "rb");
+    if (gz == NULL) {
+        int e = errno ? errno : ENOMEM;
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot open: %s", path, strerror(e));
+        return -e;
+    }
+    gzbuffer(gz, 1 << 17);
+    uint8_t buf[1 << 15];
+    uint64_t len = 0;
+    int got;
+    while ((got = gzread(gz, buf, sizeof(buf))) > 0)
+        len += (uint64_t)got;
+    int r = 0;
+    if (got < 0) {
+        r = gz_fail(gz, path, "CIFAR-10 records", err);
+    } else if (len == 0 || len % OMV_CIFAR_RECORD != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: %llu bytes is not a whole number of CIFAR-10 records of %d bytes "
+                 "(truncated, or not a CIFAR-10 binary batch)",
+                 path, (unsigned long long)len, OMV_CIFAR_RECORD);
+        r = -EPROTO;
+    } else if (len / OMV_CIFAR_RECORD > OMV_DATASET_MAX_COUNT) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: more than %u records", path,
+                 OMV_DATASET_MAX_COUNT);
+        r = -EPROTO;
+    }
+    gzclose(gz);
+    if (r == 0)
+        *ret_count = len / OMV_CIFAR_RECORD;
+    return r;
+}
+
+/* Calls fn(path, arg) for each comma-separated path; stops at the first failure. */
+static int each_path(const char *paths, int (*fn)(const char *, void *), void *arg, char *err)
+{
+    const char *p = paths;
+    do {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char path[4096];
+        while (len > 0 && *p == ' ')
+            p++, len--;
+        while (len > 0 && p[len - 1] == ' ')
+            len--;
+        if (len == 0 || len >= sizeof(path)) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: %s path in the list", paths,
+                     len ? "too long a" : "an empty");
+            return -EINVAL;
+        }
+        memcpy(path, p, len);
+        path[len] = '\0';
+        int r = fn(path, arg);
+        if (r < 0)
+            return r;
+        p = comma ? comma + 1 : NULL;
+    } while (p != NULL);
+    return 0;
+}
+
+typedef struct {
+    char *err;
+    uint64_t total;        /* records in the files so far */
+    uint32_t begin, count; /* the slice */
+    omv_dataset_t *d;      /* NULL: only count */
+} cifar_walk_t;
+
+static int cifar_count_one(const char *path, void *arg)
+{
+    cifar_walk_t *w = arg;
+    uint64_t n;
+    int r = cifar_count(path, &n, w->err);
+    if (r == 0 && w->total + n > OMV_DATASET_MAX_COUNT) {
+        snprintf(w->err, OMV_CONFIG_ERR_MAX, "%s: more than %u records in all", path,
+                 OMV_DATASET_MAX_COUNT);
+        r = -EPROTO;
+    }
+    w->total += n;
+    return r;
+}
+
+/* Reads the records of one file that fall in the slice. */
+static int cifar_read_one(const char *path, void *arg)
+{
+    cifar_walk_t *w = arg;
+    uint64_t n;
+    int r = cifar_count(path, &n, w->err); /* the file may have changed since counting */
+    if (r < 0)
+        return r;
+    uint64_t first = w->total, end = w->total + n;
+    w->total = end;
+    uint64_t lo = first > w->begin ? first : w->begin;
+    uint64_t hi = end < (uint64_t)w->begin + w->count ? end : (uint64_t)w->begin + w->count;
+    if (lo >= hi)
+        return 0;
+    gzFile gz = gzopen(path, "rb");
+    if (gz == NULL) {
+        snprintf(w->err, OMV_CONFIG_ERR_MAX, "%s: cannot open: %s", path, strerror(errno));
+        return -EIO;
+    }
+    gzbuffer(gz, 1 << 17);
+    if ((lo - first) > 0 && gzseek(gz, (z_off_t)((lo - first) * OMV_CIFAR_RECORD), SEEK_CUR) < 0)
+        r = gz_fail(gz, path, "CIFAR-10 records", w->err);
+    const size_t size = OMV_CIFAR_RECORD - 1;
+    uint8_t rec[OMV_CIFAR_RECORD];
+    for (uint64_t i = lo; r == 0 && i < hi; i++) {
+        if (gzread(gz, rec, OMV_CIFAR_RECORD) != OMV_CIFAR_RECORD) {
+            r = gz_fail(gz, path, "CIFAR-10 records", w->err);
+            break;
+        }
+        if (rec[0] > 9) {
+            snprintf(w->err, OMV_CONFIG_ERR_MAX,
+                     "%s: record %llu has label %u; CIFAR-10 labels are 0 to 9 (corrupt, or not "
+                     "a CIFAR-10 binary batch)", path, (unsigned long long)(i - first), rec[0]);
+            r = -EPROTO;
+            break;
+        }
+        size_t at = (size_t)(i - w->begin);
+        w->d->labels[at] = rec[0];
+        memcpy(w->d->pixels + at * size, rec + 1, size);
+    }
+    gzclose(gz);
+    return r;
+}
+
+int omv_dataset_load_cifar(omv_dataset_t *ret, const char *paths, uint32_t begin, uint32_t count,
+                           char *err)
+{
+    cifar_walk_t w = {err, 0, 0, 0, NULL};
+    int r = each_path(paths, cifar_count_one, &w, err);
+    if (r < 0)
+        return r;
+    uint32_t total = (uint32_t)w.total;
+    if (count == 0 && begin < total)
+        count = total - begin;
+    if (begin >= total || count > total - begin) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: asked for images [%u, %u) of %u", paths, begin,
+                 begin + count, total);
+        return -ERANGE;
+    }
+    omv_dataset_t d;
+    memset(&d, 0, sizeof(d));
+    d.count = count;
+    d.total = total;
+    d.channels = 3;
+    d.rows = d.cols = 32;
+    d.pixels = malloc((size_t)count * (OMV_CIFAR_RECORD - 1));
+    d.labels = malloc(count);
+    if (d.pixels == NULL || d.labels == NULL) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: out of memory for %u images", paths, count);
+        omv_dataset_fini(&d);
+        return -ENOMEM;
+    }
+    w = (cifar_walk_t){err, 0, begin, count, &d};
+    r = each_path(paths, cifar_read_one, &w, err);
+    if (r < 0) {
+        omv_dataset_fini(&d);
+        return r;
+    }
+    for (uint32_t i = 0; i < count; i++)
+        if (d.labels[i] > d.max_label)
+            d.max_label = d.labels[i];
+    *ret = d;
+    return 0;
+}
+
+int omv_dataset_open(omv_dataset_t *ret, const char *format, const char *images_path,
+                     const char *labels_path, uint32_t begin, uint32_t count, char *err)
+{
+    if (strcmp(format, "idx") == 0)
+        return omv_dataset_load(ret, images_path, labels_path, begin, count, err);
+    if (strcmp(format, "cifar10") == 0)
+        return omv_dataset_load_cifar(ret, images_path, begin, count, err);
+    snprintf(err, OMV_CONFIG_ERR_MAX, "%s: unknown data format '%s' (idx or cifar10)",
+             images_path, format);
+    return -EINVAL;
+}
+
+int omv_dataset_probe_format(const char *format, const char *images_path, uint32_t *ret_count,
+                             uint32_t *ret_channels, uint32_t *ret_rows, uint32_t *ret_cols,
+                             char *err)
+{
+    if (strcmp(format, "cifar10") == 0) {
+        cifar_walk_t w = {err, 0, 0, 0, NULL};
+        int r = each_path(images_path, cifar_count_one, &w, err);
+        if (r < 0)
+            return r;
+        *ret_count = (uint32_t)w.total;
+        *ret_channels = 3;
+        *ret_rows = *ret_cols = 32;
+        return 0;
+    }
+    if (strcmp(format, "idx") != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: unknown data format '%s' (idx or cifar10)",
+                 images_path, format);
+        return -EINVAL;
+    }
+    int r = omv_dataset_probe(images_path, ret_count, ret_rows, ret_cols, err);
+    if (r == 0)
+        *ret_channels = 1;
+    return r;
+}
+
+void omv_dataset_gather(const omv_dataset_t *self, const omv_dataset_norm_t *norm,
+                        const uint32_t *idx, uint32_t n, float *x, uint8_t *y)
+{
+    uint32_t c = self->channels, plane = self->rows * self->cols;
+    size_t size = (size_t)c * plane;
+    float mul[OMV_DATASET_MAX_CHANNELS], add[OMV_DATASET_MAX_CHANNELS];
+    float scale = norm->scale > 0.0f ? norm->scale : 1.0f / 255.0f;
+    for (uint32_t k = 0; k < c && k < OMV_DATASET_MAX_CHANNELS; k++) {
+        float mean = norm->n_mean == 0 ? 0.0f : norm->mean[norm->n_mean == 1 ? 0 : k];
+        float std = norm->n_std == 0 ? 1.0f : norm->std[norm->n_std == 1 ? 0 : k];
+        mul[k] = scale / std; /* (byte * scale - mean) / std = byte * mul + add */
+        add[k] = -mean / std;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *px = self->pixels + (size_t)idx[i] * size;
+        float *xr = x + (size_t)i * size;
+        if (c == 1) {
+            for (uint32_t p = 0; p < plane; p++)
+                xr[p] = (float)px[p] * mul[0] + add[0];
+        } else { /* planes in the file, channels-last for the engine */
+            for (uint32_t k = 0; k < c; k++)
+                for (uint32_t p = 0; p < plane; p++)
+                    xr[(size_t)p * c + k] = (float)px[(size_t)k * plane + p] * mul[k] + add[k];
+        }
+        y[i] = self->labels[idx[i]];
+    }
 }
 
 void omv_dataset_fini(omv_dataset_t *self)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
 #include "util.h"
 
 #define FIELD(f) offsetof(omv_job_t, f)
@@ -20,8 +21,12 @@ const omv_config_entry_t omv_job_table[] = {
     {"job", "name", STR(name), "job", 0, 0, 0, "a name for logs and status"},
     {"job", "epochs", INT(epochs), "3", 1, 10000, 0, "passes over the training set"},
     {"job", "seed", INT(seed), "42", 0, 9.0e15, 0, "seed for initialisation and shuffles"},
-    {"model", "layers", STR(layers_text), NULL, 0, 0, OMV_CONFIG_REQUIRED,
-     "MLP widths, input first, e.g. 784 256 10 (ReLU between, softmax cross-entropy at the end)"},
+    {"model", "layers", STR(layers_text), NULL, 0, 0, 0,
+     "MLP widths, input first, e.g. 784 256 10 (ReLU between, softmax cross-entropy at the end); "
+     "empty when definition is set"},
+    {"model", "definition", STR(definition), NULL, 0, 0, 0,
+     "a model definition file, one layer per line (relative to the job file); empty when "
+     "layers is set"},
     {"data", "train_images", STR(train_images), FMNIST "train-images-idx3-ubyte.gz", 0, 0, 0,
      "IDX images, raw or gzipped"},
     {"data", "train_labels", STR(train_labels), FMNIST "train-labels-idx1-ubyte.gz", 0, 0, 0,
@@ -32,6 +37,15 @@ const omv_config_entry_t omv_job_table[] = {
      "IDX test labels"},
     {"data", "train_limit", INT(train_limit), "0", 0, 1e9, 0,
      "use only the first N training images (0: all)"},
+    {"data", "format", STR(data_format), "idx", 0, 0, 0,
+     "idx (images and labels files, raw or gzipped) or cifar10 (binary batches: train_images "
+     "and test_images list them, comma-separated; the labels keys are unused)"},
+    {"data", "scale", DBL(scale), "0.00392156862745098", 1e-9, 1e9, 0,
+     "each pixel byte is multiplied by this (default 1/255)"},
+    {"data", "mean", STR(mean_text), "", 0, 0, 0,
+     "then this is subtracted: one value, or one per input channel (empty: 0)"},
+    {"data", "std", STR(std_text), "", 0, 0, 0,
+     "then divided by this: one value, or one per input channel (empty: 1)"},
     {"train", "batch_size", INT(batch_size), "64", 1, 65536, 0,
      "images per step of a compute group, split evenly among its workers"},
     {"train", "learning_rate", DBL(learning_rate), "0.01", 0, 100, 0, "SGD step size"},
@@ -102,21 +116,177 @@ static int resolve(char *path, size_t cap, const char *job_path)
     return omv_strlcpy(path, joined, cap);
 }
 
-int omv_job_validate(omv_job_t *job, const char *path, char *err)
+/* Reads a model definition file into buf[cap]. */
+static int read_definition(const char *path, char *buf, size_t cap, char *err)
 {
-    int n = omv_job_parse_layers(job->layers_text, job->layers, OMV_JOB_MAX_LAYERS);
-    if (n < 2) {
-        snprintf(err, OMV_CONFIG_ERR_MAX,
-                 "%s: [model] layers: '%s' must be 2 to %d positive widths, input first",
-                 path, job->layers_text, OMV_JOB_MAX_LAYERS);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        int e = errno;
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot open the model definition: %s", path,
+                 strerror(e));
+        return -e;
+    }
+    size_t len = fread(buf, 1, cap, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot read the model definition", path);
+        return -EIO;
+    }
+    if (len == cap) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: model definition longer than %zu bytes", path,
+                 cap - 1);
+        return -EFBIG;
+    }
+    buf[len] = '\0';
+    if (memchr(buf, '\0', len) != NULL) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: model definition is not text", path);
         return -EINVAL;
     }
-    job->n_layers = (uint32_t)n;
-    if (job->layers[n - 1] < 2) {
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [model] layers: the output needs at least 2 classes",
+    return 0;
+}
+
+/* Parses "0.49, 0.48 0.45" into v: none, one, or one per channel of the model's input. */
+static int parse_floats(const char *text, const char *key, float *v, uint32_t *ret_n,
+                        uint32_t channels, const char *path, char *err)
+{
+    uint32_t n = 0;
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t')
+            p++;
+        if (*p == '\0')
+            break;
+        char *end;
+        double x = strtod(p, &end);
+        if (end == p || n == 16 || !(x > -1e9 && x < 1e9)) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] %s: '%s' is not a list of up to 16 "
+                     "numbers", path, key, text);
+            return -EINVAL;
+        }
+        v[n++] = (float)x;
+        p = end;
+    }
+    if (n > 1 && n != channels) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] %s: %u values for a model input of %u "
+                 "channels (give one, or one per channel)", path, key, n, channels);
+        return -EINVAL;
+    }
+    *ret_n = n;
+    return 0;
+}
+
+/* Fills model_text, model_name and layers from [model] and checks the model. */
+static int validate_model(omv_job_t *job, const char *path, int layers_line, char *err)
+{
+    int has_layers = job->layers_text[strspn(job->layers_text, " \t")] != '\0';
+    char at[OMV_JOB_PATH_MAX + 16];
+    if (layers_line > 0)
+        snprintf(at, sizeof(at), "%s:%d", path, layers_line);
+    else
+        snprintf(at, sizeof(at), "%s", path);
+    if (!has_layers && job->definition[0] == '\0') {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [model] layers: missing (or set definition to a model file)", path);
+        return -EINVAL;
+    }
+    if (has_layers && job->definition[0] != '\0') {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [model] definition: set either layers (an MLP) or definition, not both",
                  path);
         return -EINVAL;
     }
+    omv_model_layout_t *m = malloc(sizeof(*m));
+    if (m == NULL)
+        return -ENOMEM;
+    int r = 0;
+    if (has_layers) {
+        int n = omv_job_parse_layers(job->layers_text, job->layers, OMV_JOB_MAX_LAYERS);
+        if (n < 2) {
+            snprintf(err, OMV_CONFIG_ERR_MAX,
+                     "%s: [model] layers: '%s' must be 2 to %d positive widths, input first", at,
+                     job->layers_text, OMV_JOB_MAX_LAYERS);
+            r = -EINVAL;
+            goto out;
+        }
+        job->n_layers = (uint32_t)n;
+        if (job->layers[n - 1] < 2) {
+            snprintf(err, OMV_CONFIG_ERR_MAX,
+                     "%s: [model] layers: the output needs at least 2 classes", at);
+            r = -EINVAL;
+            goto out;
+        }
+        omv_model_mlp_text(job->layers, job->n_layers, job->model_text, sizeof(job->model_text));
+        snprintf(job->model_name, sizeof(job->model_name), "%s: [model] layers", path);
+    } else {
+        r = read_definition(job->definition, job->model_text, sizeof(job->model_text), err);
+        if (r < 0)
+            goto out;
+        omv_strlcpy(job->model_name, job->definition, sizeof(job->model_name));
+    }
+    r = omv_model_parse(m, job->model_text, job->model_name, err);
+    if (r < 0)
+        goto out;
+    if (!has_layers) {
+        job->layers[0] = m->inputs;
+        job->layers[1] = m->classes;
+        job->n_layers = 2;
+    }
+    r = parse_floats(job->mean_text, "mean", job->mean, &job->n_mean, m->input.c, path, err);
+    if (r == 0)
+        r = parse_floats(job->std_text, "std", job->std, &job->n_std, m->input.c, path, err);
+    for (uint32_t i = 0; r == 0 && i < job->n_std; i++) {
+        if (!(job->std[i] > 0.0f)) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] std: values must be positive", path);
+            r = -EINVAL;
+        }
+    }
+    if (r == 0 && strcmp(job->data_format, "idx") != 0 && strcmp(job->data_format, "cifar10") != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] format: '%s' is not idx or cifar10", path,
+                 job->data_format);
+        r = -EINVAL;
+    }
+out:
+    free(m);
+    return r;
+}
+
+/* resolve() for each path of a comma-separated list. */
+static int resolve_list(char *list, size_t cap, const char *job_path)
+{
+    char out[OMV_JOB_PATH_MAX] = "", item[OMV_JOB_PATH_MAX];
+    const char *p = list;
+    size_t at = 0;
+    while (*p) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        size_t len = strcspn(p, ",");
+        while (len > 0 && p[len - 1] == ' ')
+            len--;
+        if (len == 0)
+            break;
+        if (len >= sizeof(item))
+            return -ENAMETOOLONG;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        p += len;
+        if (resolve(item, sizeof(item), job_path) < 0)
+            return -ENAMETOOLONG;
+        int w = snprintf(out + at, sizeof(out) - at, "%s%s", at ? "," : "", item);
+        if (w < 0 || (size_t)w >= sizeof(out) - at)
+            return -ENAMETOOLONG;
+        at += (size_t)w;
+        while (*p == ' ')
+            p++;
+    }
+    return omv_strlcpy(list, out, cap);
+}
+
+int omv_job_validate(omv_job_t *job, const char *path, char *err)
+{
+    int r = validate_model(job, path, 0, err);
+    if (r < 0)
+        return r;
     if (job->groups > job->workers) {
         snprintf(err, OMV_CONFIG_ERR_MAX,
                  "%s: [cluster] groups: %lld groups need at least as many workers (have %lld)",
@@ -152,24 +322,31 @@ int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
     r = omv_config_load(omv_job_table, omv_job_table_len, path, &job, lines, err);
     if (r < 0)
         return r;
-    int n = omv_job_parse_layers(job.layers_text, job.layers, OMV_JOB_MAX_LAYERS);
-    if (n < 2) {
-        int line = 0;
-        for (size_t i = 0; i < omv_job_table_len; i++)
-            if (strcmp(omv_job_table[i].key, "layers") == 0)
-                line = lines[i];
-        snprintf(err, OMV_CONFIG_ERR_MAX,
-                 "%s:%d: [model] layers: '%s' must be 2 to %d positive widths, input first", path,
-                 line, job.layers_text, OMV_JOB_MAX_LAYERS);
-        return -EINVAL;
+    int layers_line = 0;
+    for (size_t i = 0; i < omv_job_table_len; i++)
+        if (strcmp(omv_job_table[i].key, "layers") == 0)
+            layers_line = lines[i];
+    char *paths[] = {job.train_images, job.train_labels, job.test_images, job.test_labels,
+                     job.definition};
+    if (strcmp(job.data_format, "cifar10") == 0) {
+        r = resolve_list(job.train_images, OMV_JOB_PATH_MAX, path);
+        if (r == 0)
+            r = resolve_list(job.test_images, OMV_JOB_PATH_MAX, path);
+        if (r < 0) {
+            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: a path list is too long", path);
+            return r;
+        }
+        paths[0] = paths[2] = NULL; /* done */
     }
-    char *paths[] = {job.train_images, job.train_labels, job.test_images, job.test_labels};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(paths); i++) {
-        if (resolve(paths[i], OMV_JOB_PATH_MAX, path) < 0) {
+        if (paths[i] != NULL && resolve(paths[i], OMV_JOB_PATH_MAX, path) < 0) {
             snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: path '%s' is too long", path, paths[i]);
             return -ENAMETOOLONG;
         }
     }
+    r = validate_model(&job, path, layers_line, err);
+    if (r < 0)
+        return r;
     r = omv_job_validate(&job, path, err);
     if (r < 0)
         return r;

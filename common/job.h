@@ -10,22 +10,35 @@
 
 #define OMV_JOB_MAX_LAYERS 16
 #define OMV_JOB_PATH_MAX 1024
+#define OMV_JOB_MODEL_TEXT_MAX 4096
 
 typedef struct {
     /* [job] */
     char name[64];
     int64_t epochs;
     int64_t seed;
-    /* [model] */
+    /* [model]: either layers (an MLP) or definition (a file, one layer per line) */
     char layers_text[256];
-    uint32_t layers[OMV_JOB_MAX_LAYERS]; /* widths, input first; parsed from layers_text */
+    char definition[OMV_JOB_PATH_MAX];
+    /* MLP widths, input first, parsed from layers_text; for a definition: its input size and
+     * classes (n_layers 2) */
+    uint32_t layers[OMV_JOB_MAX_LAYERS];
     uint32_t n_layers;
+    /* The model definition text (common/model.h): the definition file's contents, or made from
+     * layers; model_name names it in messages. */
+    char model_text[OMV_JOB_MODEL_TEXT_MAX];
+    char model_name[OMV_JOB_PATH_MAX];
     /* [data] */
     char train_images[OMV_JOB_PATH_MAX];
     char train_labels[OMV_JOB_PATH_MAX];
     char test_images[OMV_JOB_PATH_MAX];
     char test_labels[OMV_JOB_PATH_MAX];
     int64_t train_limit; /* use only the first N training images; 0: all */
+    char data_format[16]; /* idx or cifar10 */
+    double scale;         /* pixel byte * scale, then per channel - mean, / std */
+    char mean_text[256], std_text[256];
+    float mean[16], std[16]; /* parsed: 0, 1 or as many as the model's input channels */
+    uint32_t n_mean, n_std;
     /* [train] */
     int64_t batch_size; /* per compute group; each of its workers takes an equal part */
     double learning_rate;
@@ -58,8 +71,9 @@ extern const size_t omv_job_table_len;
  * into err[OMV_CONFIG_ERR_MAX]. */
 int omv_job_load(omv_job_t *ret_job, const char *path, char *err);
 
-/* Validates cross-key rules (layers, groups vs workers); also after command-line overrides.
- * path names the file in messages. */
+/* Validates cross-key rules (the model, groups vs workers); also after command-line overrides.
+ * Reads the definition file, if the job names one, into model_text and checks that its shapes
+ * chain (errors name that file and line). path names the job file in messages. */
 int omv_job_validate(omv_job_t *job, const char *path, char *err);
 
 /* Parses "784 256 10" (spaces or commas) into widths. Returns the count or -EINVAL. */

@@ -1,5 +1,6 @@
-/* The model's parameter layout, shared by daemon and workers: an MLP's weights and biases laid
- * out in one flat float vector, its initialisation, and how the vector splits into shards. */
+/* The model, shared by daemon and workers: a network defined one layer per line, checked so the
+ * shapes chain, its parameters laid out in one flat float vector, their initialisation, and how
+ * the vector splits into shards. */
 #pragma once
 
 #include <stddef.h>
@@ -7,26 +8,86 @@
 
 #include "job.h"
 
+#define OMV_MODEL_MAX_PARAMS (1u << 30)
+#define OMV_MODEL_MAX_LAYERS 48
+/* Floats one image may occupy in any layer's activations: bounds what a definition can make a
+ * worker allocate before a single image is read. */
+#define OMV_MODEL_MAX_ACTIVATION (1u << 24)
+#define OMV_MODEL_MAX_DIM 65536u
+
+typedef enum {
+    OMV_LAYER_FC,      /* fully connected; takes any input shape as a flat vector */
+    OMV_LAYER_CONV,    /* 2-D convolution with kernel, stride and zero padding */
+    OMV_LAYER_MAXPOOL,
+    OMV_LAYER_AVGPOOL,
+    OMV_LAYER_RELU,
+    OMV_LAYER_DROPOUT, /* training only */
+    OMV_LAYER_FLATTEN,
+} omv_layer_kind_t;
+
+/* Channels x height x width of one image; a vector of n values is n x 1 x 1. Workers keep
+ * activations channels-last: [batch][h][w][c]. */
 typedef struct {
-    uint32_t in, out;
-    size_t w_offset; /* [out][in] */
-    size_t b_offset; /* [out] */
-} omv_model_dense_t;
+    uint32_t c, h, w;
+} omv_shape_t;
 
 typedef struct {
-    uint32_t n_dense;
-    omv_model_dense_t dense[OMV_JOB_MAX_LAYERS - 1];
+    omv_layer_kind_t kind;
+    omv_shape_t in, out;
+    uint32_t units;          /* fc: outputs; conv: output channels */
+    uint32_t kh, kw;         /* conv and pooling window */
+    uint32_t stride, pad;    /* conv and pooling; pooling has no padding */
+    float rate;              /* dropout: probability of dropping a value */
+    int line;                /* line in the definition, for messages */
+    uint32_t fan_in;         /* inputs that reach one output (fc, conv) */
+    size_t w_offset, w_count; /* fc: [out][in]; conv: [out_c][kh][kw][in_c] */
+    size_t b_offset, b_count; /* [units] */
+} omv_model_layer_t;
+
+typedef struct {
+    uint32_t n_layers;
+    omv_model_layer_t layers[OMV_MODEL_MAX_LAYERS];
+    omv_shape_t input;
     size_t param_count;
-    uint32_t inputs, classes;
+    uint32_t inputs, classes; /* floats per input image; outputs of the last layer */
 } omv_model_layout_t;
 
-/* Lays out an MLP of widths[n] (input first). Returns 0, or -EINVAL when n < 2 or the model has
- * more than OMV_MODEL_MAX_PARAMS parameters. */
-#define OMV_MODEL_MAX_PARAMS (1u << 30)
+/* Lays out an MLP of widths[n] (input first): fc layers with ReLU between them. Returns 0, or
+ * -EINVAL when n < 2, a width is 0 or the model has more than OMV_MODEL_MAX_PARAMS parameters. */
 int omv_model_layout(omv_model_layout_t *ret, const uint32_t *widths, uint32_t n);
 
-/* He-normal weights (std sqrt(2 / fan_in)), zero biases, from seed. params has param_count. */
+/* Parses a model definition, one layer per line ('#' starts a comment):
+ *   input 1x28x28      (or: input 784)     first line: one image's channels x height x width
+ *   conv 32 5x5 [stride S] [pad P]         S defaults to 1, P to 0; "5" means 5x5
+ *   maxpool 2 [stride S]  / avgpool 2x2    S defaults to the window
+ *   relu / flatten / dropout 0.5
+ *   fc 256                                 the last layer is fc: its outputs are the classes
+ *   softmax                                optional last line: the loss (always softmax
+ *                                          cross-entropy)
+ * Shapes must chain. name names the text in messages. On failure returns -EINVAL and writes
+ * "name:line: reason" into err[OMV_CONFIG_ERR_MAX]. */
+int omv_model_parse(omv_model_layout_t *ret, const char *text, const char *name, char *err);
+
+/* Writes the definition text of an MLP of widths[n] into buf[cap]. Returns 0 or -ENOSPC. */
+int omv_model_mlp_text(const uint32_t *widths, uint32_t n, char *buf, size_t cap);
+
+/* Weights from a normal distribution with std sqrt(2 / fan_in) (He) for layers followed by a
+ * ReLU, sqrt(1 / fan_in) (Glorot/LeCun by fan-in) for the others; zero biases; from seed.
+ * params has param_count floats. */
 void omv_model_init(const omv_model_layout_t *self, float *params, uint64_t seed);
+
+/* Writes the summary table (layer, output shape, parameters, total) into buf[cap], one line per
+ * layer, each ending in '\n'. */
+void omv_model_summary(const omv_model_layout_t *self, char *buf, size_t cap);
+
+/* The name of a layer kind as the definition spells it. */
+const char *omv_model_layer_name(omv_layer_kind_t kind);
+
+/* Floats in one image of a shape. */
+static inline size_t omv_shape_size(omv_shape_t s)
+{
+    return (size_t)s.c * s.h * s.w;
+}
 
 /* Splits count parameters into n_shards near-equal contiguous ranges; offsets has n_shards + 1
  * entries. A tensor may span shards. */

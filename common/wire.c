@@ -112,6 +112,13 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         job.name = (char *)j->name;
         job.n_layers = j->n_layers;
         job.layers = (uint32_t *)j->layers;
+        job.model = (char *)j->model;
+        job.data_format = (char *)j->data_format;
+        job.scale = j->scale;
+        job.n_mean = j->n_mean;
+        job.mean = (float *)j->mean;
+        job.n_std = j->n_std;
+        job.std = (float *)j->std;
         job.train_images = (char *)j->train_images;
         job.train_labels = (char *)j->train_labels;
         job.test_images = (char *)j->test_images;
@@ -234,10 +241,20 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
         copy_str(out->train_images, OMV_JOB_PATH_MAX, j->train_images, "path", why) < 0 ||
         copy_str(out->train_labels, OMV_JOB_PATH_MAX, j->train_labels, "path", why) < 0 ||
         copy_str(out->test_images, OMV_JOB_PATH_MAX, j->test_images, "path", why) < 0 ||
-        copy_str(out->test_labels, OMV_JOB_PATH_MAX, j->test_labels, "path", why) < 0)
+        copy_str(out->test_labels, OMV_JOB_PATH_MAX, j->test_labels, "path", why) < 0 ||
+        copy_str(out->model, sizeof(out->model), j->model, "model definition", why) < 0 ||
+        copy_str(out->data_format, sizeof(out->data_format), j->data_format, "data format",
+                 why) < 0)
         return -EPROTO;
     out->n_layers = (uint32_t)j->n_layers;
     memcpy(out->layers, j->layers, j->n_layers * sizeof(uint32_t));
+    if (j->n_mean > 16 || j->n_std > 16)
+        FAIL("job has %zu means and %zu stds, at most 16 each", j->n_mean, j->n_std);
+    out->scale = j->scale;
+    out->n_mean = (uint32_t)j->n_mean;
+    memcpy(out->mean, j->mean, j->n_mean * sizeof(float));
+    out->n_std = (uint32_t)j->n_std;
+    memcpy(out->std, j->std, j->n_std * sizeof(float));
     out->n_shards = (uint32_t)j->n_shard_offsets - 1;
     memcpy(out->shard_offsets, j->shard_offsets, j->n_shard_offsets * sizeof(uint32_t));
     for (uint32_t i = 0; i < out->n_shards; i++)

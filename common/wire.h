@@ -66,6 +66,11 @@ typedef struct {
     char name[64];
     uint32_t layers[OMV_JOB_MAX_LAYERS];
     uint32_t n_layers;
+    char model[OMV_JOB_MODEL_TEXT_MAX]; /* definition text; "" means: layers are MLP widths */
+    char data_format[16];               /* "idx" (or "") or "cifar10" */
+    float scale;                        /* 0: 1/255 */
+    float mean[16], std[16];
+    uint32_t n_mean, n_std;
     char train_images[OMV_JOB_PATH_MAX];
     char train_labels[OMV_JOB_PATH_MAX];
     char test_images[OMV_JOB_PATH_MAX];

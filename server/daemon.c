@@ -481,6 +481,12 @@ static void fill_jobspec(const omv_daemon_t *d, omv_jobspec_t *j)
     omv_strlcpy(j->name, d->job.name, sizeof(j->name));
     j->n_layers = d->job.n_layers;
     memcpy(j->layers, d->job.layers, sizeof(j->layers));
+    omv_strlcpy(j->model, d->job.model_text, sizeof(j->model));
+    omv_strlcpy(j->data_format, d->job.data_format, sizeof(j->data_format));
+    j->scale = (float)d->job.scale;
+    j->n_mean = d->job.n_mean, j->n_std = d->job.n_std;
+    memcpy(j->mean, d->job.mean, sizeof(j->mean));
+    memcpy(j->std, d->job.std, sizeof(j->std));
     omv_strlcpy(j->train_images, d->job.train_images, sizeof(j->train_images));
     omv_strlcpy(j->train_labels, d->job.train_labels, sizeof(j->train_labels));
     omv_strlcpy(j->test_images, d->job.test_images, sizeof(j->test_images));
@@ -838,15 +844,17 @@ static int setup_job(omv_daemon_t *d)
 {
     char err[OMV_CONFIG_ERR_MAX];
     const omv_job_t *j = &d->job;
-    uint32_t count, rows, cols;
-    int r = omv_dataset_probe(j->train_images, &count, &rows, &cols, err);
+    uint32_t count, channels, rows, cols;
+    int r = omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
+                                     &cols, err);
     if (r < 0) {
         omv_log_error("%s", err);
         return r;
     }
-    if (rows * cols != j->layers[0]) {
-        omv_log_error("%s: images are %ux%u = %u values but [model] layers starts with %u",
-                      j->train_images, rows, cols, rows * cols, j->layers[0]);
+    if (channels * rows * cols != j->layers[0]) {
+        omv_log_error("%s: images are %ux%ux%u = %u values but the model takes %u inputs",
+                      j->train_images, channels, rows, cols, channels * rows * cols,
+                      j->layers[0]);
         return -EINVAL;
     }
     if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
@@ -861,11 +869,15 @@ static int setup_job(omv_daemon_t *d)
     }
     d->target_images = (uint64_t)count * (uint64_t)j->epochs;
 
-    r = omv_model_layout(&d->layout, j->layers, j->n_layers);
+    r = omv_model_parse(&d->layout, j->model_text, j->model_name, err);
     if (r < 0) {
-        omv_log_error("%s: [model] layers: model too large", d->job_path);
+        omv_log_error("%s", err);
         return r;
     }
+    char table[4096];
+    omv_model_summary(&d->layout, table, sizeof(table));
+    for (char *line = table, *eol; (eol = strchr(line, '\n')) != NULL; line = eol + 1)
+        omv_log_info("model: %.*s", (int)(eol - line), line);
     d->n_shards = (uint32_t)j->shards;
     if (d->n_shards > d->layout.param_count)
         d->n_shards = (uint32_t)d->layout.param_count;
@@ -899,7 +911,7 @@ static int setup_job(omv_daemon_t *d)
     d->next_eval_epoch = j->eval_every_epochs;
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
                  "%u per worker step",
-                 j->name, j->layers_text, d->layout.param_count, d->n_shards, d->train_count,
+                 j->name, j->layers_text[0] ? j->layers_text : j->definition, d->layout.param_count, d->n_shards, d->train_count,
                  d->worker_batch);
 
     if (j->checkpoint_dir[0])

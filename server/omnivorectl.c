@@ -59,7 +59,7 @@ static void usage(FILE *out)
             "  -i, --interval S    watch: seconds between refreshes (default 2)\n"
             "  -n, --count N       watch: stop after N refreshes\n"
             "  -w, --workers N     run: trainer processes\n"
-            "  -t, --threads T     run: BLAS threads per worker (default 1)\n"
+            "  -t, --threads T     run: threads per worker (default 1)\n"
             "      --set S.K=V     run: override a job key, e.g. --set train.learning_rate=0.05\n"
             "  -h, --help          this text\n\n"
             "Exit status: 0 ok, 1 the daemon answered with an error or the job failed,\n"

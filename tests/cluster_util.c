@@ -18,6 +18,7 @@
 #include "util.h"
 
 char test_dir[512];
+const char *model_section = "layers = 64 32 4";
 char job_path[600], sock_path[600], endpoint[600];
 
 const char *bin(const char *env)
@@ -42,13 +43,13 @@ void write_job(int workers, int epochs, const char *cluster_extra)
     ck_assert_ptr_nonnull(f);
     fprintf(f,
             "[job]\nname = blobs\nepochs = %d\nseed = 7\n"
-            "[model]\nlayers = 64 32 4\n"
+            "[model]\n%s\n"
             "[data]\ntrain_images = train-images.gz\ntrain_labels = train-labels.gz\n"
             "test_images = test-images\ntest_labels = test-labels\n"
             "[train]\nbatch_size = 32\nlearning_rate = 0.05\nmomentum = 0.9\n"
             "[cluster]\nworkers = %d\nworker_timeout_s = 1.5\n%s\n"
             "[eval]\nevery_epochs = 1\nbatch_size = 128\nprogress_interval_s = 0.5\n",
-            epochs, workers, cluster_extra);
+            epochs, model_section, workers, cluster_extra);
     fclose(f);
     snprintf(sock_path, sizeof(sock_path), "%s/control.sock", test_dir);
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", test_dir);

@@ -6,6 +6,8 @@
 
 extern char test_dir[512];
 extern char job_path[600], sock_path[600], endpoint[600];
+/* The [model] section of the next write_job: an MLP unless a test says otherwise. */
+extern const char *model_section;
 
 const char *bin(const char *env);
 void write_job(int workers, int epochs, const char *cluster_extra);

@@ -44,6 +44,32 @@ START_TEST(test_train_sync)
 }
 END_TEST
 
+START_TEST(test_train_cnn)
+{
+    /* A model definition file travels to the workers; the daemon prints its summary. */
+    char model[700];
+    snprintf(model, sizeof(model), "%s/blobs.model", test_dir);
+    FILE *f = fopen(model, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nrelu\nmaxpool 2\nflatten\nfc 4\nsoftmax\n", f);
+    fclose(f);
+    model_section = "definition = blobs.model";
+    write_job(2, 4, "groups = 1\nstaleness = none");
+    model_section = "layers = 64 32 4";
+    check_trained("");
+    char log_path[700], log[16384];
+    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
+    f = fopen(log_path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t len = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[len] = '\0';
+    ck_assert_msg(has_text(log, "conv 8 3x3 s1 p1") && has_text(log, "8x8x8") &&
+                      has_text(log, "total"),
+                  "no model summary in the log: %s", log);
+}
+END_TEST
+
 START_TEST(test_train_groups_lockstep)
 {
     write_job(2, 4, "groups = 2\nstaleness = 0");
@@ -353,6 +379,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_train_sync);
+    tcase_add_test(tc, test_train_cnn);
     tcase_add_test(tc, test_train_groups_lockstep);
     tcase_add_test(tc, test_train_groups_unbounded);
     tcase_add_test(tc, test_broken_job_file);

@@ -44,12 +44,28 @@ START_TEST(test_example_job)
 }
 END_TEST
 
+START_TEST(test_example_cnn_job)
+{
+    omv_job_t job;
+    check_file(omv_job_table, omv_job_table_len, &job, "examples/fashion-cnn.ini");
+    char err[OMV_CONFIG_ERR_MAX], path[1024];
+    snprintf(path, sizeof(path), "%s/examples/fashion-cnn.ini", getenv("OMV_SOURCE_ROOT"));
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    /* The definition names its input size and classes in layers. */
+    ck_assert_int_eq(job.n_layers, 2);
+    ck_assert_int_eq(job.layers[0], 784);
+    ck_assert_int_eq(job.layers[1], 10);
+    ck_assert_ptr_nonnull(strstr(job.model_text, "conv 64 5x5 pad 2"));
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config_files");
     TCase *tc = tcase_create("shipped");
     tcase_add_test(tc, test_daemon_conf);
     tcase_add_test(tc, test_example_job);
+    tcase_add_test(tc, test_example_cnn_job);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }

@@ -1,7 +1,9 @@
-/* The IDX reader: raw and gzipped pairs load byte for byte, slices select the right images, and
- * broken, mismatched, missing or out-of-range inputs are refused with the file named. */
+/* The IDX and CIFAR-10 readers: raw and gzipped files load byte for byte, slices select the
+ * right images, and broken, mismatched, missing or out-of-range inputs are refused with the file
+ * named; the gather normalises and turns planes into channels-last. */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,6 +291,133 @@ START_TEST(test_probe)
 }
 END_TEST
 
+/* CIFAR-10: five records in two files, the second gzipped. */
+static uint8_t cifar_px[5 * 3072], cifar_lab[5] = {3, 9, 0, 7, 1};
+static char cifar_a[512], cifar_b[512], cifar_list[1100];
+
+static void write_cifar_pair(void)
+{
+    for (size_t i = 0; i < sizeof(cifar_px); i++)
+        cifar_px[i] = (uint8_t)(i * 7 + i / 3072);
+    snprintf(cifar_a, sizeof(cifar_a), "%s/data_batch_1.bin", dir);
+    snprintf(cifar_b, sizeof(cifar_b), "%s/data_batch_2.bin.gz", dir);
+    snprintf(cifar_list, sizeof(cifar_list), "%s, %s", cifar_a, cifar_b);
+    ck_assert_int_eq(omv_test_write_cifar(cifar_a, cifar_px, cifar_lab, 3, 0), 0);
+    ck_assert_int_eq(omv_test_write_cifar(cifar_b, cifar_px + 3 * 3072, cifar_lab + 3, 2, 1), 0);
+}
+
+START_TEST(test_cifar_load)
+{
+    write_cifar_pair();
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_msg(omv_dataset_open(&d, "cifar10", cifar_list, "", 0, 0, err) == 0, "%s", err);
+    ck_assert_uint_eq(d.count, 5);
+    ck_assert_uint_eq(d.total, 5);
+    ck_assert_uint_eq(d.channels, 3);
+    ck_assert_uint_eq(d.rows, 32);
+    ck_assert_uint_eq(d.cols, 32);
+    ck_assert_mem_eq(d.pixels, cifar_px, sizeof(cifar_px));
+    ck_assert_mem_eq(d.labels, cifar_lab, 5);
+    ck_assert_uint_eq(d.max_label, 9);
+    omv_dataset_fini(&d);
+    /* A slice across the two files. */
+    ck_assert_msg(omv_dataset_load_cifar(&d, cifar_list, 2, 2, err) == 0, "%s", err);
+    ck_assert_uint_eq(d.count, 2);
+    ck_assert_mem_eq(d.pixels, cifar_px + 2 * 3072, 2 * 3072);
+    ck_assert_uint_eq(d.labels[0], 0);
+    ck_assert_uint_eq(d.labels[1], 7);
+    omv_dataset_fini(&d);
+    uint32_t n, c, h, w;
+    ck_assert_int_eq(omv_dataset_probe_format("cifar10", cifar_list, &n, &c, &h, &w, err), 0);
+    ck_assert_uint_eq(n, 5);
+    ck_assert_uint_eq(c * h * w, 3072);
+    ck_assert_int_eq(omv_dataset_load_cifar(&d, cifar_list, 4, 2, err), -ERANGE);
+}
+END_TEST
+
+static void assert_cifar_refused(const char *list, const char *path, const char *words)
+{
+    omv_dataset_t d;
+    memset(&d, 0, sizeof(d));
+    d.count = 12345;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_int_lt(omv_dataset_load_cifar(&d, list, 0, 0, err), 0);
+    ck_assert_msg(strstr(err, path) != NULL, "error '%s' does not name %s", err, path);
+    ck_assert_msg(strstr(err, words) != NULL, "error '%s' does not say '%s'", err, words);
+    ck_assert_uint_eq(d.count, 12345);
+}
+
+START_TEST(test_cifar_refused)
+{
+    write_cifar_pair();
+    /* Truncated: the second file loses its last byte. */
+    uint8_t *buf = malloc(2 * 3073);
+    for (int i = 0; i < 2; i++) {
+        buf[i * 3073] = cifar_lab[3 + i];
+        memcpy(buf + i * 3073 + 1, cifar_px + (3 + i) * 3072, 3072);
+    }
+    write_bytes(cifar_b, buf, 2 * 3073 - 1, 1);
+    assert_cifar_refused(cifar_list, cifar_b, "not a whole number of CIFAR-10 records");
+    /* A label that CIFAR-10 does not have. */
+    buf[3073] = 200;
+    write_bytes(cifar_b, buf, 2 * 3073, 0);
+    assert_cifar_refused(cifar_list, cifar_b, "label 200");
+    free(buf);
+    /* An IDX file is not a CIFAR-10 batch. */
+    write_pair(0);
+    assert_cifar_refused(images, images, "CIFAR-10");
+    char missing[600];
+    snprintf(missing, sizeof(missing), "%s/nosuch.bin", dir);
+    assert_cifar_refused(missing, missing, "cannot open");
+    char err[OMV_CONFIG_ERR_MAX];
+    omv_dataset_t d;
+    ck_assert_int_eq(omv_dataset_open(&d, "png", cifar_a, "", 0, 0, err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "unknown data format 'png'"));
+}
+END_TEST
+
+START_TEST(test_gather_normalises)
+{
+    write_cifar_pair();
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX];
+    ck_assert_int_eq(omv_dataset_load_cifar(&d, cifar_list, 0, 0, err), 0);
+    omv_dataset_norm_t norm = {0.5f, {1.0f, 2.0f, 3.0f}, {2.0f, 4.0f, 8.0f}, 3, 3};
+    const uint32_t idx[2] = {4, 1};
+    float *x = malloc(2 * 3072 * sizeof(float));
+    uint8_t y[2];
+    omv_dataset_gather(&d, &norm, idx, 2, x, y);
+    ck_assert_uint_eq(y[0], 1);
+    ck_assert_uint_eq(y[1], 9);
+    /* x[i][row][col][channel] from the file's planes [channel][row][col]. */
+    for (int i = 0; i < 2; i++)
+        for (int p = 0; p < 1024; p += 97)
+            for (int c = 0; c < 3; c++) {
+                float byte = cifar_px[idx[i] * 3072 + c * 1024 + p];
+                float want = (byte * 0.5f - norm.mean[c]) / norm.std[c];
+                ck_assert_float_eq_tol(x[i * 3072 + p * 3 + c], want, 1e-4f);
+            }
+    /* One mean and std for every channel. */
+    omv_dataset_norm_t one = {1.0f / 255, {0.5f}, {0.25f}, 1, 1};
+    omv_dataset_gather(&d, &one, idx, 1, x, y);
+    float byte = cifar_px[4 * 3072 + 2 * 1024 + 5];
+    ck_assert_float_eq_tol(x[5 * 3 + 2], (byte / 255 - 0.5f) / 0.25f, 1e-5f);
+    omv_dataset_fini(&d);
+    /* IDX: one channel, the default scale of 1/255. */
+    write_pair(0);
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, 0, 0, err), 0);
+    omv_dataset_norm_t none = {0};
+    const uint32_t first = 2;
+    omv_dataset_gather(&d, &none, &first, 1, x, y);
+    for (int p = 0; p < SIZE; p++)
+        ck_assert_float_eq_tol(x[p], pixels[2 * SIZE + p] / 255.0f, 1e-7f);
+    ck_assert_uint_eq(y[0], label_bytes[2]);
+    free(x);
+    omv_dataset_fini(&d);
+}
+END_TEST
+
 static Suite *dataset_suite(void)
 {
     Suite *s = suite_create("dataset");
@@ -311,6 +440,9 @@ static Suite *dataset_suite(void)
     tcase_add_test(tc, test_count_mismatch);
     tcase_add_test(tc, test_range_past_end);
     tcase_add_test(tc, test_missing_file);
+    tcase_add_test(tc, test_cifar_load);
+    tcase_add_test(tc, test_cifar_refused);
+    tcase_add_test(tc, test_gather_normalises);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -212,6 +212,87 @@ START_TEST(test_bad_layers)
 }
 END_TEST
 
+/* Writes a model definition file next to the job. */
+static void write_model(const char *name, const char *text)
+{
+    char p[600];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_ge(fputs(text, f), 0);
+    fclose(f);
+}
+
+START_TEST(test_definition_file)
+{
+    write_model("net.model", "input 1x8x8\nconv 4 3x3 pad 1\nrelu\nmaxpool 2\nfc 5\n");
+    write_job("[model]\ndefinition = net.model\n");
+    omv_job_t job;
+    char err[OMV_CONFIG_ERR_MAX];
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    /* Relative to the job file's folder, read whole, with its input size and classes. */
+    char want[600];
+    snprintf(want, sizeof(want), "%s/net.model", dir);
+    ck_assert_str_eq(job.definition, want);
+    ck_assert_ptr_nonnull(strstr(job.model_text, "maxpool 2"));
+    ck_assert_uint_eq(job.n_layers, 2);
+    ck_assert_uint_eq(job.layers[0], 64);
+    ck_assert_uint_eq(job.layers[1], 5);
+
+    /* The MLP form becomes the same kind of text. */
+    write_job("[model]\nlayers = 6 4 3\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_str_eq(job.model_text, "input 6\nfc 4\nrelu\nfc 3\n");
+}
+END_TEST
+
+START_TEST(test_bad_definition)
+{
+    /* A definition error names the definition file and its line. */
+    write_model("bad.model", "input 1x8x8\nconv 4 9x9\nfc 5\n");
+    char where[600];
+    snprintf(where, sizeof(where), "%s/bad.model:2:", dir);
+    const char *words[] = {where, "does not fit", NULL};
+    assert_refused("[model]\ndefinition = bad.model\n", words);
+    const char *words2[] = {"nosuch.model", "cannot open", NULL};
+    assert_refused("[model]\ndefinition = nosuch.model\n", words2);
+    const char *words3[] = {path, "not both", NULL};
+    write_model("ok.model", "input 4\nfc 2\n");
+    assert_refused("[model]\nlayers = 4 2\ndefinition = ok.model\n", words3);
+}
+END_TEST
+
+START_TEST(test_data_format_and_normalisation)
+{
+    write_model("rgb.model", "input 3x4x4\nfc 10\n");
+    write_job("[model]\ndefinition = rgb.model\n[data]\nformat = cifar10\n"
+              "train_images = a.bin, b.bin\ntest_images = /abs/test_batch.bin\n"
+              "mean = 0.49, 0.48, 0.45\nstd = 0.25\nscale = 0.5\n");
+    omv_job_t job;
+    char err[OMV_CONFIG_ERR_MAX];
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    char want[1200];
+    snprintf(want, sizeof(want), "%s/a.bin,%s/b.bin", dir, dir);
+    ck_assert_str_eq(job.train_images, want);
+    ck_assert_str_eq(job.test_images, "/abs/test_batch.bin");
+    ck_assert_str_eq(job.data_format, "cifar10");
+    ck_assert_uint_eq(job.n_mean, 3);
+    ck_assert_float_eq_tol(job.mean[2], 0.45f, 1e-7f);
+    ck_assert_uint_eq(job.n_std, 1);
+    ck_assert_float_eq_tol(job.std[0], 0.25f, 1e-7f);
+    ck_assert_double_eq(job.scale, 0.5);
+
+    const char *words[] = {path, "[data] mean", "2 values for a model input of 3 channels", NULL};
+    assert_refused("[model]\ndefinition = rgb.model\n[data]\nmean = 0.5 0.5\n", words);
+    const char *words2[] = {path, "[data] std", "positive", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[data]\nstd = 0\n", words2);
+    const char *words3[] = {path, "[data] format", "'png'", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[data]\nformat = png\n", words3);
+    const char *words4[] = {path, "[data] mean", "not a list", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[data]\nmean = half\n", words4);
+}
+END_TEST
+
 START_TEST(test_syntax_error)
 {
     const char *words[] = {at(4), "syntax", NULL};
@@ -330,6 +411,9 @@ static Suite *job_suite(void)
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_bad_layers);
     tcase_add_test(tc, test_syntax_error);
+    tcase_add_test(tc, test_definition_file);
+    tcase_add_test(tc, test_data_format_and_normalisation);
+    tcase_add_test(tc, test_bad_definition);
     tcase_add_test(tc, test_cluster_rules);
     tcase_add_test(tc, test_missing_file);
     suite_add_tcase(s, tc);

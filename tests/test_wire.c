@@ -39,6 +39,11 @@ static void make_welcome(omv_msg_t *m)
     j->shard_offsets[0] = 0, j->shard_offsets[1] = 78382, j->shard_offsets[2] = 156764;
     j->shard_offsets[3] = 235146;
     j->eval_batch_size = 1000;
+    strcpy(j->model, "input 1x28x28\nconv 32 5x5 pad 2\nrelu\nfc 10\n");
+    strcpy(j->data_format, "cifar10");
+    j->scale = 0.5f;
+    j->n_mean = 3, j->mean[0] = 0.1f, j->mean[1] = 0.2f, j->mean[2] = 0.3f;
+    j->n_std = 1, j->std[0] = 0.25f;
 }
 
 /* One message of each type but welcome, every field set; 64-bit fields go above 32 bits. */
@@ -106,6 +111,13 @@ START_TEST(test_welcome_round_trip)
     ck_assert_str_eq(b->job.train_labels, a->job.train_labels);
     ck_assert_str_eq(b->job.test_images, a->job.test_images);
     ck_assert_str_eq(b->job.test_labels, a->job.test_labels);
+    ck_assert_str_eq(b->job.model, a->job.model);
+    ck_assert_str_eq(b->job.data_format, "cifar10");
+    ck_assert_float_eq(b->job.scale, 0.5f);
+    ck_assert_uint_eq(b->job.n_mean, 3);
+    ck_assert_mem_eq(b->job.mean, a->job.mean, 3 * sizeof(float));
+    ck_assert_uint_eq(b->job.n_std, 1);
+    ck_assert_float_eq(b->job.std[0], 0.25f);
     ck_assert_uint_eq(b->job.batch_size, 32);
     ck_assert(b->job.seed == 0x0123456789abcdefULL);
     ck_assert_uint_eq(b->job.slice_begin, 30000);
@@ -317,6 +329,8 @@ START_TEST(test_welcome_limits)
     make_welcome(&m);
     memset(j->train_images, 'a', OMV_JOB_PATH_MAX - 1);
     memset(j->test_labels, 'b', OMV_JOB_PATH_MAX - 1);
+    memset(j->model, 'c', OMV_JOB_MODEL_TEXT_MAX - 1);
+    j->model[OMV_JOB_MODEL_TEXT_MAX - 1] = '\0';
     j->n_layers = OMV_JOB_MAX_LAYERS;
     for (uint32_t i = 0; i < OMV_JOB_MAX_LAYERS; i++)
         j->layers[i] = 1000 + i;
@@ -327,6 +341,7 @@ START_TEST(test_welcome_limits)
     round_trip(&m, &d);
     ck_assert_uint_eq(strlen(d.u.welcome.job.train_images), OMV_JOB_PATH_MAX - 1);
     ck_assert_str_eq(d.u.welcome.job.test_labels, j->test_labels);
+    ck_assert_str_eq(d.u.welcome.job.model, j->model);
     ck_assert_mem_eq(d.u.welcome.job.layers, j->layers, sizeof(j->layers));
     ck_assert_uint_eq(d.u.welcome.job.n_shards, OMV_WIRE_MAX_SHARDS);
     ck_assert_mem_eq(d.u.welcome.job.shard_offsets, j->shard_offsets, sizeof(j->shard_offsets));

@@ -49,6 +49,22 @@ static int write_file(const char *path, const uint8_t *head, size_t head_len, co
     return ok ? 0 : -EIO;
 }
 
+int omv_test_write_cifar(const char *path, const uint8_t *pixels, const uint8_t *labels,
+                         uint32_t count, int gz)
+{
+    size_t rec = 1 + 3072;
+    uint8_t *buf = malloc(count * rec + 1);
+    if (buf == NULL)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < count; i++) {
+        buf[i * rec] = labels[i];
+        memcpy(buf + i * rec + 1, pixels + (size_t)i * 3072, 3072);
+    }
+    int r = write_file(path, buf, count * rec, NULL, 0, gz);
+    free(buf);
+    return r;
+}
+
 int omv_test_write_idx(const char *images_path, const char *labels_path, const uint8_t *pixels,
                        const uint8_t *labels, uint32_t count, uint32_t rows, uint32_t cols,
                        int gz)

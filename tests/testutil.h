@@ -19,6 +19,11 @@ int omv_test_write_idx(const char *images_path, const char *labels_path, const u
 int omv_test_make_blobs(const char *images_path, const char *labels_path, uint32_t count,
                         uint32_t rows, uint32_t cols, uint32_t classes, uint64_t seed, int gz);
 
+/* Writes a CIFAR-10 binary batch: count records of a label byte and 3072 pixel bytes (red,
+ * green, blue 32x32 planes). gz: gzip it. Returns 0 or a negative errno. */
+int omv_test_write_cifar(const char *path, const uint8_t *pixels, const uint8_t *labels,
+                         uint32_t count, int gz);
+
 /* Removes a folder and everything in it. */
 void omv_test_rmdir(const char *dir);
 

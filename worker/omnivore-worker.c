@@ -27,7 +27,7 @@ static void usage(FILE *out)
             "  -s, --server ENDPOINT   the daemon's worker endpoint, e.g. tcp://head:5555\n"
             "                          (default: $OMNIVORE_SERVER)\n"
             "  -r, --role ROLE         trainer (default) or evaluator\n"
-            "  -t, --threads N         BLAS threads (default 1)\n"
+            "  -t, --threads N         threads that split each batch (default 1)\n"
             "      --hello-timeout S   seconds to keep trying to register at start (default 30)\n"
             "      --server-timeout S  a daemon silent this long while we wait is taken for\n"
             "                          gone, and we register again (default 10)\n"

@@ -14,7 +14,7 @@
 #include "dataset.h"
 #include "link.h"
 #include "log.h"
-#include "mlp.h"
+#include "net.h"
 #include "rng.h"
 #include "util.h"
 
@@ -29,7 +29,8 @@ typedef struct {
     omv_jobspec_t job;
     int prepared; /* the engine and buffers below are built for job */
     omv_model_layout_t layout;
-    omv_mlp_t *mlp;
+    omv_net_t *net;
+    omv_dataset_norm_t norm;
     omv_dataset_t data;
     uint32_t slice_begin, slice_count; /* the slice in data */
     float *params;   /* [param_count] */
@@ -237,7 +238,7 @@ static void release_engine(session_t *s)
     s->grad = NULL;
     s->params = NULL;
     omv_dataset_fini(&s->data);
-    omv_mlp_destroy(&s->mlp);
+    omv_net_destroy(&s->net);
     s->prepared = 0;
     s->slice_count = 0;
 }
@@ -249,18 +250,28 @@ static int load_data(session_t *s, uint32_t begin, uint32_t count)
     const omv_jobspec_t *j = &s->job;
     char err[OMV_CONFIG_ERR_MAX];
     omv_dataset_fini(&s->data);
+    const char *format = j->data_format[0] ? j->data_format : "idx";
     int r;
     if (s->cfg->role == OMV_ROLE_TRAINER)
-        r = omv_dataset_load(&s->data, j->train_images, j->train_labels, begin, count, err);
+        r = omv_dataset_open(&s->data, format, j->train_images, j->train_labels, begin, count,
+                             err);
     else
-        r = omv_dataset_load(&s->data, j->test_images, j->test_labels, 0, 0, err);
+        r = omv_dataset_open(&s->data, format, j->test_images, j->test_labels, 0, 0, err);
     if (r < 0) {
         omv_log_error("%s", err);
         return r;
     }
-    if (s->data.rows * s->data.cols != s->layout.inputs) {
-        omv_log_error("images are %ux%u but the model takes %u inputs", s->data.rows,
-                      s->data.cols, s->layout.inputs);
+    const omv_shape_t *in = &s->layout.input;
+    if (s->data.channels * s->data.rows * s->data.cols != s->layout.inputs ||
+        (in->h * in->w > 1 && s->data.channels != in->c)) {
+        omv_log_error("images are %ux%ux%u but the model takes %ux%ux%u", s->data.channels,
+                      s->data.rows, s->data.cols, in->c, in->h, in->w);
+        return -EINVAL;
+    }
+    if ((j->n_mean > 1 && j->n_mean != s->data.channels) ||
+        (j->n_std > 1 && j->n_std != s->data.channels)) {
+        omv_log_error("job normalises %u/%u channels but images have %u", j->n_mean, j->n_std,
+                      s->data.channels);
         return -EINVAL;
     }
     if (s->data.max_label >= s->layout.classes) {
@@ -284,22 +295,30 @@ static int load_data(session_t *s, uint32_t begin, uint32_t count)
 static int prepare(session_t *s, uint32_t batch)
 {
     omv_jobspec_t *j = &s->job;
-    if (omv_model_layout(&s->layout, j->layers, j->n_layers) < 0 ||
-        s->layout.param_count != j->param_count) {
-        omv_log_error("job's model (%u layers, %u parameters) does not lay out", j->n_layers,
-                      j->param_count);
+    char err[OMV_CONFIG_ERR_MAX];
+    int r = j->model[0] ? omv_model_parse(&s->layout, j->model, "job's model", err)
+                        : omv_model_layout(&s->layout, j->layers, j->n_layers);
+    if (r < 0 || s->layout.param_count != j->param_count) {
+        omv_log_error("job's model (%u parameters) does not lay out: %s", j->param_count,
+                      r < 0 && j->model[0] ? err : "wrong parameter count");
         return -EPROTO;
     }
-    int r = load_data(s, j->slice_begin, j->slice_count);
+    s->norm.scale = j->scale;
+    s->norm.n_mean = j->n_mean, s->norm.n_std = j->n_std;
+    memcpy(s->norm.mean, j->mean, sizeof(s->norm.mean));
+    memcpy(s->norm.std, j->std, sizeof(s->norm.std));
+    r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
-    s->mlp = omv_mlp_new(j->layers, j->n_layers, batch);
+    s->net = omv_net_new_threads(&s->layout, batch, (uint32_t)s->cfg->threads);
+    if (s->net != NULL)
+        omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
     s->got = calloc(j->n_shards, 1);
-    if (!s->mlp || !s->params || !s->grad || !s->x || !s->y || !s->got) {
+    if (!s->net || !s->params || !s->grad || !s->x || !s->y || !s->got) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -308,18 +327,12 @@ static int prepare(session_t *s, uint32_t batch)
     return 0;
 }
 
-/* Gathers images idx[0..n) of the slice into rows [row, row + n) of x (scaled to [0, 1]) and
- * y. */
+/* Gathers images idx[0..n) of the slice into rows [row, row + n) of x (normalised,
+ * channels-last) and y. */
 static void gather_rows(session_t *s, uint32_t row, const uint32_t *idx, uint32_t n)
 {
-    uint32_t in = s->layout.inputs;
-    for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *px = s->data.pixels + (size_t)idx[i] * in;
-        float *xr = s->x + (size_t)(row + i) * in;
-        for (uint32_t k = 0; k < in; k++)
-            xr[k] = (float)px[k] * (1.0f / 255.0f);
-        s->y[row + i] = s->data.labels[idx[i]];
-    }
+    omv_dataset_gather(&s->data, &s->norm, idx, n, s->x + (size_t)row * s->layout.inputs,
+                       s->y + row);
 }
 
 static void gather(session_t *s, const uint32_t *idx, uint32_t n)
@@ -483,7 +496,7 @@ static int train(session_t *s)
             return r;
         next_batch(s, s->batch);
         double t0 = omv_time_s();
-        float loss = omv_mlp_train_step(s->mlp, s->params, s->x, s->y, s->batch, s->grad);
+        float loss = omv_net_train_step(s->net, s->params, s->x, s->y, s->batch, s->grad);
         if (s->cfg->delay_max_ms > 0)
             slow_down(s);
         float ms = (float)((omv_time_s() - t0) * 1000.0);
@@ -533,7 +546,7 @@ static int evaluate(session_t *s)
             uint32_t c;
             double l;
             gather(s, s->order + at, n);
-            omv_mlp_evaluate(s->mlp, s->params, s->x, s->y, n, &c, &l);
+            omv_net_evaluate(s->net, s->params, s->x, s->y, n, &c, &l);
             correct += c;
             loss += l;
             /* A long evaluation must not look like a dead evaluator. */
@@ -554,7 +567,9 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
     s.stop = stop;
-    omv_blas_set_threads(cfg->threads);
+    /* The engine splits each batch over cfg->threads threads of its own; BLAS runs one thread
+     * per call so that the two pools do not fight (measured: bench/bench_net.c). */
+    omv_blas_set_threads(1);
     omv_rng_init(&s.delay_rng, (uint64_t)getpid() * 0x9e3779b97f4a7c15ULL);
     int64_t deadline = omv_time_ms() + cfg->hello_timeout_ms;
     int r;

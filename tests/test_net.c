@@ -1,16 +1,28 @@
-/* The MLP gradient engine: finite-difference check of every parameter's gradient, the loss of a
- * zero model, evaluation on a hand-made case, and local SGD that learns separable data. */
+/* The gradient engine on MLPs (the [model] layers form): finite-difference check of every
+ * parameter's gradient, the loss of a zero model, evaluation on a hand-made case, and local SGD
+ * that learns separable data. Layer kinds one by one: test_layers.c. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "mlp.h"
+#include "net.h"
 #include "rng.h"
 #include "testutil.h"
 
 #define EPS 1e-2f
+
+/* The engine for an MLP of widths[n], as the worker builds it from `layers = ...`. */
+static omv_net_t *mlp_new(const uint32_t *widths, uint32_t n, uint32_t max_batch)
+{
+    omv_model_layout_t l;
+    if (omv_model_layout(&l, widths, n) < 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    return omv_net_new(&l, max_batch);
+}
 
 /* The check a correct gradient passes: |num - ana| <= 1e-2 * max(1, |num|) + 1e-3. */
 static int mismatches(const float *num, const float *ana, const uint8_t *skip, size_t n)
@@ -25,14 +37,14 @@ static int mismatches(const float *num, const float *ana, const uint8_t *skip, s
     return bad;
 }
 
-static float central(omv_mlp_t *mlp, float *params, size_t i, float eps, const float *x,
+static float central(omv_net_t *mlp, float *params, size_t i, float eps, const float *x,
                      const uint8_t *y, uint32_t batch, float *scratch)
 {
     float saved = params[i];
     params[i] = saved + eps;
-    float lp = omv_mlp_train_step(mlp, params, x, y, batch, scratch);
+    float lp = omv_net_train_step(mlp, params, x, y, batch, scratch);
     params[i] = saved - eps;
-    float lm = omv_mlp_train_step(mlp, params, x, y, batch, scratch);
+    float lm = omv_net_train_step(mlp, params, x, y, batch, scratch);
     params[i] = saved;
     return (lp - lm) / (2.0f * eps);
 }
@@ -41,9 +53,9 @@ START_TEST(test_gradient_finite_differences)
 {
     const uint32_t widths[] = {7, 5, 4, 3};
     enum { BATCH = 4 };
-    omv_mlp_t *mlp = omv_mlp_new(widths, 4, 8); /* batch below max_batch on purpose */
+    omv_net_t *mlp = mlp_new(widths, 4, 8); /* batch below max_batch on purpose */
     ck_assert_ptr_nonnull(mlp);
-    const omv_model_layout_t *l = omv_mlp_layout(mlp);
+    const omv_model_layout_t *l = omv_net_layout(mlp);
     size_t n = l->param_count;
     ck_assert_uint_eq(n, 7 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3);
 
@@ -61,12 +73,12 @@ START_TEST(test_gradient_finite_differences)
         x[i] = (float)omv_rng_normal(&rng);
     const uint8_t y[BATCH] = {0, 2, 1, 2};
 
-    float loss = omv_mlp_train_step(mlp, params, x, y, BATCH, grad);
+    float loss = omv_net_train_step(mlp, params, x, y, BATCH, grad);
     ck_assert(isfinite(loss) && loss > 0.0f);
     /* The gradient is written, not added: a dirty buffer gives the same result. */
     for (size_t i = 0; i < n; i++)
         again[i] = 123.0f;
-    ck_assert_float_eq(omv_mlp_train_step(mlp, params, x, y, BATCH, again), loss);
+    ck_assert_float_eq(omv_net_train_step(mlp, params, x, y, BATCH, again), loss);
     ck_assert_mem_eq(again, grad, n * sizeof(float));
 
     /* A ReLU kink inside [-eps, eps] makes the difference quotient meaningless; the two step
@@ -88,17 +100,17 @@ START_TEST(test_gradient_finite_differences)
         wrong[i] = grad[i] * 1.1f;
     ck_assert_int_gt(mismatches(num, wrong, skip, n), 0);
     memcpy(wrong, grad, n * sizeof(float));
-    size_t probe = l->dense[0].w_offset + 3;
+    size_t probe = l->layers[0].w_offset + 3;
     ck_assert(!skip[probe]);
     wrong[probe] += 0.02f;
     ck_assert_int_eq(mismatches(num, wrong, skip, n), 1);
     memcpy(wrong, grad, n * sizeof(float));
-    for (uint32_t k = 0; k < l->n_dense; k++)
-        memset(wrong + l->dense[k].b_offset, 0, l->dense[k].out * sizeof(float));
+    for (uint32_t k = 0; k < l->n_layers; k++)
+        memset(wrong + l->layers[k].b_offset, 0, l->layers[k].b_count * sizeof(float));
     ck_assert_int_gt(mismatches(num, wrong, skip, n), 0);
 
     free(params), free(grad), free(again), free(scratch), free(num), free(wrong), free(skip);
-    omv_mlp_destroy(&mlp);
+    omv_net_destroy(&mlp);
     ck_assert_ptr_null(mlp);
 }
 END_TEST
@@ -107,29 +119,29 @@ START_TEST(test_zero_model_loss)
 {
     const uint32_t widths[] = {7, 5, 4, 3};
     enum { BATCH = 4 };
-    omv_mlp_t *mlp = omv_mlp_new(widths, 4, BATCH);
+    omv_net_t *mlp = mlp_new(widths, 4, BATCH);
     ck_assert_ptr_nonnull(mlp);
-    const omv_model_layout_t *l = omv_mlp_layout(mlp);
+    const omv_model_layout_t *l = omv_net_layout(mlp);
     float *params = calloc(l->param_count, sizeof(float));
     float *grad = malloc(l->param_count * sizeof(float));
     float x[BATCH * 7];
     for (int i = 0; i < BATCH * 7; i++)
         x[i] = (float)(i % 5) - 2.0f;
     const uint8_t y[BATCH] = {0, 2, 2, 1};
-    float loss = omv_mlp_train_step(mlp, params, x, y, BATCH, grad);
+    float loss = omv_net_train_step(mlp, params, x, y, BATCH, grad);
     ck_assert_float_eq_tol(loss, logf(3.0f), 1e-6f);
     /* Uniform predictions: the output bias gradient is 1/3 minus each class's share. */
-    const float *gb = grad + l->dense[2].b_offset;
+    const float *gb = grad + l->layers[4].b_offset;
     ck_assert_float_eq_tol(gb[0], 1.0f / 3 - 0.25f, 1e-6f);
     ck_assert_float_eq_tol(gb[1], 1.0f / 3 - 0.25f, 1e-6f);
     ck_assert_float_eq_tol(gb[2], 1.0f / 3 - 0.50f, 1e-6f);
     uint32_t correct;
     double sum;
-    omv_mlp_evaluate(mlp, params, x, y, BATCH, &correct, &sum);
+    omv_net_evaluate(mlp, params, x, y, BATCH, &correct, &sum);
     ck_assert_double_eq_tol(sum, BATCH * log(3.0), 1e-5);
     free(params);
     free(grad);
-    omv_mlp_destroy(&mlp);
+    omv_net_destroy(&mlp);
 }
 END_TEST
 
@@ -137,30 +149,30 @@ START_TEST(test_evaluate_by_hand)
 {
     const uint32_t widths[] = {3, 3};
     enum { BATCH = 4 };
-    omv_mlp_t *mlp = omv_mlp_new(widths, 2, BATCH);
+    omv_net_t *mlp = mlp_new(widths, 2, BATCH);
     ck_assert_ptr_nonnull(mlp);
-    const omv_model_layout_t *l = omv_mlp_layout(mlp);
+    const omv_model_layout_t *l = omv_net_layout(mlp);
     ck_assert_uint_eq(l->param_count, 12);
     float params[12] = {0};
     for (int k = 0; k < 3; k++)
-        params[l->dense[0].w_offset + 4 * k] = 5.0f; /* W = 5 I, b = 0 */
+        params[l->layers[0].w_offset + 4 * k] = 5.0f; /* W = 5 I, b = 0 */
     const float x[BATCH * 3] = {1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0};
     const uint8_t y[BATCH] = {0, 1, 0, 2}; /* predictions 0 1 2 0: two right */
     uint32_t correct = 99;
     double sum = -1;
-    omv_mlp_evaluate(mlp, params, x, y, BATCH, &correct, &sum);
+    omv_net_evaluate(mlp, params, x, y, BATCH, &correct, &sum);
     ck_assert_uint_eq(correct, 2);
     double z = exp(5.0) + 2.0;
     double want = 2.0 * -log(exp(5.0) / z) + 2.0 * -log(1.0 / z);
     ck_assert_double_eq_tol(sum, want, 1e-4);
     float grad[12];
-    float mean = omv_mlp_train_step(mlp, params, x, y, BATCH, grad);
+    float mean = omv_net_train_step(mlp, params, x, y, BATCH, grad);
     ck_assert_double_eq_tol((double)mean * BATCH, sum, 1e-4);
     /* Labels that match every prediction. */
     const uint8_t all[BATCH] = {0, 1, 2, 0};
-    omv_mlp_evaluate(mlp, params, x, all, BATCH, &correct, &sum);
+    omv_net_evaluate(mlp, params, x, all, BATCH, &correct, &sum);
     ck_assert_uint_eq(correct, 4);
-    omv_mlp_destroy(&mlp);
+    omv_net_destroy(&mlp);
 }
 END_TEST
 
@@ -168,9 +180,9 @@ START_TEST(test_sgd_learns_blobs)
 {
     enum { IN = 16, CLASSES = 4, N = 256, BATCH = 32 };
     const uint32_t widths[] = {IN, 16, CLASSES};
-    omv_mlp_t *mlp = omv_mlp_new(widths, 3, N);
+    omv_net_t *mlp = mlp_new(widths, 3, N);
     ck_assert_ptr_nonnull(mlp);
-    const omv_model_layout_t *l = omv_mlp_layout(mlp);
+    const omv_model_layout_t *l = omv_net_layout(mlp);
     float *params = malloc(l->param_count * sizeof(float));
     float *grad = malloc(l->param_count * sizeof(float));
     float *x = malloc(N * IN * sizeof(float));
@@ -185,14 +197,14 @@ START_TEST(test_sgd_learns_blobs)
     omv_model_init(l, params, 3);
     uint32_t correct;
     double before, after;
-    omv_mlp_evaluate(mlp, params, x, y, N, &correct, &before);
+    omv_net_evaluate(mlp, params, x, y, N, &correct, &before);
     for (int step = 0; step < 300; step++) {
         int b = step % (N / BATCH);
-        omv_mlp_train_step(mlp, params, x + b * BATCH * IN, y + b * BATCH, BATCH, grad);
+        omv_net_train_step(mlp, params, x + b * BATCH * IN, y + b * BATCH, BATCH, grad);
         for (size_t i = 0; i < l->param_count; i++)
             params[i] -= 0.2f * grad[i];
     }
-    omv_mlp_evaluate(mlp, params, x, y, N, &correct, &after);
+    omv_net_evaluate(mlp, params, x, y, N, &correct, &after);
     ck_assert_double_gt(before / N, 0.8);
     ck_assert_msg(after / N < 0.1, "mean loss %.4f after 300 steps (%.4f before)", after / N,
                   before / N);
@@ -200,7 +212,7 @@ START_TEST(test_sgd_learns_blobs)
     free(params);
     free(grad);
     free(x);
-    omv_mlp_destroy(&mlp);
+    omv_net_destroy(&mlp);
 }
 END_TEST
 
@@ -208,21 +220,28 @@ START_TEST(test_new_refuses)
 {
     const uint32_t widths[] = {4, 0, 2};
     errno = 0;
-    ck_assert_ptr_null(omv_mlp_new(widths, 1, 4));
+    ck_assert_ptr_null(mlp_new(widths, 1, 4));
     ck_assert_int_eq(errno, EINVAL);
     errno = 0;
-    ck_assert_ptr_null(omv_mlp_new(widths, 3, 4)); /* a zero width */
+    ck_assert_ptr_null(mlp_new(widths, 3, 4)); /* a zero width */
     ck_assert_int_eq(errno, EINVAL);
     const uint32_t ok[] = {4, 2};
-    ck_assert_ptr_null(omv_mlp_new(ok, 2, 0));
-    omv_mlp_t *none = NULL;
-    omv_mlp_destroy(&none);
+    ck_assert_ptr_null(mlp_new(ok, 2, 0));
+    omv_model_layout_t l;
+    ck_assert_int_eq(omv_model_layout(&l, ok, 2), 0);
+    ck_assert_uint_eq(l.n_layers, 1);
+    l.n_layers = 0;
+    errno = 0;
+    ck_assert_ptr_null(omv_net_new(&l, 4)); /* no layers */
+    ck_assert_int_eq(errno, EINVAL);
+    omv_net_t *none = NULL;
+    omv_net_destroy(&none);
 }
 END_TEST
 
-static Suite *mlp_suite(void)
+static Suite *net_suite(void)
 {
-    Suite *s = suite_create("mlp");
+    Suite *s = suite_create("net");
     TCase *tc = tcase_create("mlp");
     tcase_add_test(tc, test_gradient_finite_differences);
     tcase_add_test(tc, test_zero_model_loss);
@@ -235,5 +254,5 @@ static Suite *mlp_suite(void)
 
 int main(void)
 {
-    return omv_test_run(mlp_suite());
+    return omv_test_run(net_suite());
 }

@@ -1,0 +1,439 @@
+/* Forward and backward of each layer kind. Convolutions are lowered over the whole batch: one
+ * im2col of every image into one matrix and one GEMM, as Omnivore does on CPUs. */
+#include "layers.h"
+
+#include <errno.h>
+#include <float.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blas.h"
+
+/* Allocates and touches count elements, so the step never pays for first-touch page faults. */
+static void *alloc_touched(size_t count, size_t size)
+{
+    void *p = malloc(count * size);
+    if (p != NULL)
+        memset(p, 0, count * size);
+    return p;
+}
+
+int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch,
+                   bool in_place)
+{
+    memset(self, 0, sizeof(*self));
+    self->spec = *spec;
+    self->max_batch = max_batch;
+    self->in_size = omv_shape_size(spec->in);
+    self->out_size = omv_shape_size(spec->out);
+    size_t outs = (size_t)max_batch * self->out_size;
+    if (spec->kind == OMV_LAYER_FLATTEN)
+        return 0; /* a view: out and dout are its neighbours' (set by the net) */
+    if (spec->kind == OMV_LAYER_RELU && in_place)
+        return 0; /* works in its input's buffers (set by the net) */
+    self->owns_out = true;
+    self->out = alloc_touched(outs, sizeof(float));
+    self->dout = alloc_touched(outs, sizeof(float));
+    int ok = self->out != NULL && self->dout != NULL;
+    if (spec->kind == OMV_LAYER_CONV) {
+        size_t rows = (size_t)max_batch * spec->out.h * spec->out.w;
+        self->col = alloc_touched(rows * spec->fan_in, sizeof(float));
+        ok &= self->col != NULL;
+    } else if (spec->kind == OMV_LAYER_DROPOUT) {
+        self->mask = alloc_touched(outs, sizeof(float));
+        ok &= self->mask != NULL;
+    } else if (spec->kind == OMV_LAYER_MAXPOOL) {
+        self->arg = alloc_touched(outs, sizeof(uint32_t));
+        ok &= self->arg != NULL;
+    }
+    return ok ? 0 : -ENOMEM;
+}
+
+void omv_layer_fini(omv_layer_t *self)
+{
+    if (self->owns_out) {
+        free(self->out);
+        free(self->dout);
+    }
+    free(self->col);
+    free(self->mask);
+    free(self->arg);
+    memset(self, 0, sizeof(*self));
+}
+
+/* ---- fully connected ---- */
+
+/* rows[n][c] = bias[c] for every row. */
+static void fill_bias(float *rows, size_t n, const float *bias, uint32_t c)
+{
+    for (size_t r = 0; r < n; r++)
+        memcpy(rows + r * c, bias, c * sizeof(float));
+}
+
+/* db[c] = sum over rows of d[n][c]. */
+static void sum_rows(float *db, const float *d, size_t n, uint32_t c)
+{
+    memset(db, 0, c * sizeof(float));
+    for (size_t r = 0; r < n; r++) {
+        const float *dr = d + r * c;
+        for (uint32_t j = 0; j < c; j++)
+            db[j] += dr[j];
+    }
+}
+
+static void fc_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
+{
+    const omv_model_layer_t *s = &self->spec;
+    int k = (int)s->fan_in, n = (int)s->units;
+    fill_bias(self->out, batch, params + s->b_offset, s->units);
+    /* out[batch][units] += in[batch][fan_in] * W[units][fan_in]^T */
+    omv_blas_gemm(false, true, (int)batch, n, k, 1.0f, in, k, params + s->w_offset, k, 1.0f,
+                  self->out, n);
+}
+
+static void fc_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                        uint32_t batch, float *grad)
+{
+    const omv_model_layer_t *s = &self->spec;
+    int k = (int)s->fan_in, n = (int)s->units;
+    /* dW[units][fan_in] = dout^T[units][batch] * in[batch][fan_in] */
+    omv_blas_gemm(true, false, n, k, (int)batch, 1.0f, self->dout, n, in, k, 0.0f,
+                  grad + s->w_offset, k);
+    sum_rows(grad + s->b_offset, self->dout, batch, s->units);
+    if (din != NULL) /* din[batch][fan_in] = dout[batch][units] * W[units][fan_in] */
+        omv_blas_gemm(false, false, (int)batch, k, n, 1.0f, self->dout, n, params + s->w_offset,
+                      k, 0.0f, din, k);
+}
+
+/* ---- convolution ---- */
+
+/* The kernel columns [ret_k0, ret_k1) that land inside the input for an output column whose
+ * window starts at input column x0 (which may be negative: padding). */
+static void valid_range(long x0, uint32_t k, uint32_t width, uint32_t *ret_k0, uint32_t *ret_k1)
+{
+    long lo = x0 < 0 ? -x0 : 0;
+    long hi = x0 + (long)k > (long)width ? (long)width - x0 : (long)k;
+    if (hi < lo)
+        hi = lo;
+    *ret_k0 = (uint32_t)lo;
+    *ret_k1 = (uint32_t)hi;
+}
+
+/* col[(n, oy, ox)][(ky, kx, c)] = in[n][oy*s - pad + ky][ox*s - pad + kx][c], zero outside. In
+ * channels-last order the kx run of one ky is contiguous in both, so it is one copy. */
+static void im2col(const omv_model_layer_t *s, const float *in, float *col, uint32_t batch)
+{
+    uint32_t c = s->in.c, h = s->in.h, w = s->in.w;
+    size_t row_len = s->fan_in, kxc = (size_t)s->kw * c;
+    for (uint32_t n = 0; n < batch; n++) {
+        const float *img = in + (size_t)n * h * w * c;
+        for (uint32_t oy = 0; oy < s->out.h; oy++) {
+            long y0 = (long)oy * s->stride - s->pad;
+            for (uint32_t ox = 0; ox < s->out.w; ox++) {
+                long x0 = (long)ox * s->stride - s->pad;
+                uint32_t k0, k1;
+                valid_range(x0, s->kw, w, &k0, &k1);
+                for (uint32_t ky = 0; ky < s->kh; ky++) {
+                    float *dst = col + ky * kxc;
+                    long y = y0 + ky;
+                    if (y < 0 || y >= (long)h || k0 == k1) {
+                        memset(dst, 0, kxc * sizeof(float));
+                        continue;
+                    }
+                    if (k0 > 0)
+                        memset(dst, 0, (size_t)k0 * c * sizeof(float));
+                    memcpy(dst + (size_t)k0 * c, img + ((size_t)y * w + (size_t)(x0 + k0)) * c,
+                           (size_t)(k1 - k0) * c * sizeof(float));
+                    if (k1 < s->kw)
+                        memset(dst + (size_t)k1 * c, 0, (size_t)(s->kw - k1) * c * sizeof(float));
+                }
+                col += row_len;
+            }
+        }
+    }
+}
+
+/* The adjoint of im2col: din = 0, then every col entry is added back where it came from. */
+static void col2im(const omv_model_layer_t *s, const float *col, float *din, uint32_t batch)
+{
+    uint32_t c = s->in.c, h = s->in.h, w = s->in.w;
+    size_t row_len = s->fan_in, kxc = (size_t)s->kw * c;
+    memset(din, 0, (size_t)batch * h * w * c * sizeof(float));
+    for (uint32_t n = 0; n < batch; n++) {
+        float *img = din + (size_t)n * h * w * c;
+        for (uint32_t oy = 0; oy < s->out.h; oy++) {
+            long y0 = (long)oy * s->stride - s->pad;
+            for (uint32_t ox = 0; ox < s->out.w; ox++) {
+                long x0 = (long)ox * s->stride - s->pad;
+                uint32_t k0, k1;
+                valid_range(x0, s->kw, w, &k0, &k1);
+                for (uint32_t ky = 0; ky < s->kh; ky++) {
+                    long y = y0 + ky;
+                    if (y < 0 || y >= (long)h || k0 == k1)
+                        continue;
+                    const float *src = col + ky * kxc + (size_t)k0 * c;
+                    float *dst = img + ((size_t)y * w + (size_t)(x0 + k0)) * c;
+                    size_t len = (size_t)(k1 - k0) * c;
+                    for (size_t i = 0; i < len; i++)
+                        dst[i] += src[i];
+                }
+                col += row_len;
+            }
+        }
+    }
+}
+
+static void conv_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
+{
+    const omv_model_layer_t *s = &self->spec;
+    int rows = (int)(batch * s->out.h * s->out.w), k = (int)s->fan_in, n = (int)s->units;
+    im2col(s, in, self->col, batch);
+    fill_bias(self->out, (size_t)rows, params + s->b_offset, s->units);
+    /* out[rows][out_c] += col[rows][k] * W[out_c][k]^T */
+    omv_blas_gemm(false, true, rows, n, k, 1.0f, self->col, k, params + s->w_offset, k, 1.0f,
+                  self->out, n);
+}
+
+static void conv_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
+                          float *grad)
+{
+    const omv_model_layer_t *s = &self->spec;
+    int rows = (int)(batch * s->out.h * s->out.w), k = (int)s->fan_in, n = (int)s->units;
+    /* dW[out_c][k] = dout^T[out_c][rows] * col[rows][k] */
+    omv_blas_gemm(true, false, n, k, rows, 1.0f, self->dout, n, self->col, k, 0.0f,
+                  grad + s->w_offset, k);
+    sum_rows(grad + s->b_offset, self->dout, (size_t)rows, s->units);
+    if (din == NULL)
+        return;
+    /* The lowered input is no longer needed: its buffer takes its gradient,
+     * dcol[rows][k] = dout[rows][out_c] * W[out_c][k]. */
+    omv_blas_gemm(false, false, rows, k, n, 1.0f, self->dout, n, params + s->w_offset, k, 0.0f,
+                  self->col, k);
+    col2im(s, self->col, din, batch);
+}
+
+/* ---- pooling ---- */
+
+/* One window position of max pooling over c channels. Selects instead of branches, and
+ * pointers that do not alias, so that the channel loop vectorises. */
+static void window_max(float *restrict out, uint32_t *restrict arg, const float *restrict src,
+                       uint32_t at, uint32_t c)
+{
+    for (uint32_t j = 0; j < c; j++) {
+        float v = src[j], o = out[j];
+        uint32_t take = 0u - (uint32_t)(v > o); /* all ones where src wins */
+        out[j] = v > o ? v : o;
+        arg[j] = (arg[j] & ~take) | ((at + j) & take);
+    }
+}
+
+static void maxpool_forward(omv_layer_t *self, const float *in, uint32_t batch)
+{
+    const omv_model_layer_t *s = &self->spec;
+    uint32_t c = s->in.c, h = s->in.h, w = s->in.w;
+    float *out = self->out;
+    uint32_t *arg = self->arg;
+    for (uint32_t n = 0; n < batch; n++) {
+        size_t base = (size_t)n * h * w * c;
+        for (uint32_t oy = 0; oy < s->out.h; oy++) {
+            for (uint32_t ox = 0; ox < s->out.w; ox++) {
+                for (uint32_t j = 0; j < c; j++)
+                    out[j] = -FLT_MAX;
+                for (uint32_t ky = 0; ky < s->kh; ky++) {
+                    for (uint32_t kx = 0; kx < s->kw; kx++) {
+                        size_t at = base + (((size_t)oy * s->stride + ky) * w +
+                                            (size_t)ox * s->stride + kx) * c;
+                        window_max(out, arg, in + at, (uint32_t)(at - base), c);
+                    }
+                }
+                out += c;
+                arg += c;
+            }
+        }
+    }
+}
+
+static void maxpool_backward(omv_layer_t *self, float *din, uint32_t batch)
+{
+    size_t in_size = self->in_size, out_size = self->out_size;
+    memset(din, 0, (size_t)batch * in_size * sizeof(float));
+    for (uint32_t n = 0; n < batch; n++) {
+        float *img = din + (size_t)n * in_size;
+        const float *d = self->dout + (size_t)n * out_size;
+        const uint32_t *arg = self->arg + (size_t)n * out_size;
+        for (size_t i = 0; i < out_size; i++)
+            img[arg[i]] += d[i];
+    }
+}
+
+/* Average pooling forward (din == NULL) or backward: both walk the same windows. */
+static void avgpool_walk(omv_layer_t *self, const float *in, float *din, uint32_t batch)
+{
+    const omv_model_layer_t *s = &self->spec;
+    uint32_t c = s->in.c, h = s->in.h, w = s->in.w;
+    float scale = 1.0f / (float)(s->kh * s->kw);
+    if (din != NULL)
+        memset(din, 0, (size_t)batch * h * w * c * sizeof(float));
+    for (uint32_t n = 0; n < batch; n++) {
+        size_t base = (size_t)n * h * w * c;
+        for (uint32_t oy = 0; oy < s->out.h; oy++) {
+            for (uint32_t ox = 0; ox < s->out.w; ox++) {
+                size_t o = (((size_t)n * s->out.h + oy) * s->out.w + ox) * c;
+                float *out = self->out + o;
+                const float *d = self->dout + o;
+                if (din == NULL)
+                    memset(out, 0, c * sizeof(float));
+                for (uint32_t ky = 0; ky < s->kh; ky++) {
+                    for (uint32_t kx = 0; kx < s->kw; kx++) {
+                        size_t at = base + (((size_t)oy * s->stride + ky) * w +
+                                            (size_t)ox * s->stride + kx) * c;
+                        if (din == NULL) {
+                            for (uint32_t j = 0; j < c; j++)
+                                out[j] += in[at + j] * scale;
+                        } else {
+                            for (uint32_t j = 0; j < c; j++)
+                                din[at + j] += d[j] * scale;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ---- element-wise ---- */
+
+/* max(v, 0) over v[len] in place: one pointer, so the vectoriser needs no overlap check (it
+ * would fail for in == out and fall back to scalar code). */
+static void relu_in_place(float *restrict v, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        v[i] = v[i] > 0.0f ? v[i] : 0.0f;
+}
+
+static void relu_forward(omv_layer_t *self, const float *in, uint32_t batch)
+{
+    size_t len = (size_t)batch * self->out_size;
+    if (!self->owns_out) {
+        self->out = (float *)in; /* in place: the input's buffer becomes the output */
+        relu_in_place(self->out, len);
+        return;
+    }
+    float *restrict out = self->out;
+    for (size_t i = 0; i < len; i++)
+        out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+}
+
+/* d = out > 0 ? d : 0; d is the layer's own dout (in place: din) or copied into din. */
+static void relu_mask(float *restrict din, const float *restrict d, const float *restrict out,
+                      size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        din[i] = out[i] > 0.0f ? d[i] : 0.0f;
+}
+
+static void relu_mask_in_place(float *restrict d, const float *restrict out, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        d[i] = out[i] > 0.0f ? d[i] : 0.0f;
+}
+
+/* The mask is read from the output: in place, the input is gone, and out > 0 iff in > 0. */
+static void relu_backward(omv_layer_t *self, float *din, uint32_t batch)
+{
+    size_t len = (size_t)batch * self->out_size;
+    if (din == self->dout)
+        relu_mask_in_place(din, self->out, len);
+    else
+        relu_mask(din, self->dout, self->out, len);
+}
+
+static void dropout_forward(omv_layer_t *self, const float *in, uint32_t batch, bool train,
+                            omv_rng_t *rng)
+{
+    size_t len = (size_t)batch * self->out_size;
+    if (!train || self->spec.rate == 0.0f) {
+        memcpy(self->out, in, len * sizeof(float));
+        if (train)
+            for (size_t i = 0; i < len; i++)
+                self->mask[i] = 1.0f;
+        return;
+    }
+    /* Inverted dropout: kept values are scaled so that evaluation needs no rescaling. The
+     * threshold compares 32 random bits at a time. */
+    float keep = 1.0f / (1.0f - self->spec.rate);
+    uint32_t threshold = (uint32_t)((double)self->spec.rate * 4294967296.0);
+    for (size_t i = 0; i < len; i++) {
+        uint32_t bits = (uint32_t)(omv_rng_next(rng) >> 32);
+        self->mask[i] = bits >= threshold ? keep : 0.0f;
+        self->out[i] = in[i] * self->mask[i];
+    }
+}
+
+static void dropout_backward(omv_layer_t *self, float *din, uint32_t batch)
+{
+    size_t len = (size_t)batch * self->out_size;
+    for (size_t i = 0; i < len; i++)
+        din[i] = self->dout[i] * self->mask[i];
+}
+
+void omv_layer_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch,
+                       bool train, omv_rng_t *rng)
+{
+    switch (self->spec.kind) {
+    case OMV_LAYER_FC:
+        fc_forward(self, params, in, batch);
+        break;
+    case OMV_LAYER_CONV:
+        conv_forward(self, params, in, batch);
+        break;
+    case OMV_LAYER_MAXPOOL:
+        maxpool_forward(self, in, batch);
+        break;
+    case OMV_LAYER_AVGPOOL:
+        avgpool_walk(self, in, NULL, batch);
+        break;
+    case OMV_LAYER_RELU:
+        relu_forward(self, in, batch);
+        break;
+    case OMV_LAYER_DROPOUT:
+        dropout_forward(self, in, batch, train, rng);
+        break;
+    case OMV_LAYER_FLATTEN:
+        /* Channels-last images are already flat: the output is the input. */
+        self->out = (float *)in;
+        break;
+    }
+}
+
+void omv_layer_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                        uint32_t batch, float *grad)
+{
+    switch (self->spec.kind) {
+    case OMV_LAYER_FC:
+        fc_backward(self, params, in, din, batch, grad);
+        break;
+    case OMV_LAYER_CONV:
+        conv_backward(self, params, din, batch, grad);
+        break;
+    case OMV_LAYER_MAXPOOL:
+        if (din != NULL)
+            maxpool_backward(self, din, batch);
+        break;
+    case OMV_LAYER_AVGPOOL:
+        if (din != NULL)
+            avgpool_walk(self, NULL, din, batch);
+        break;
+    case OMV_LAYER_RELU:
+        if (din != NULL)
+            relu_backward(self, din, batch);
+        break;
+    case OMV_LAYER_DROPOUT:
+        if (din != NULL)
+            dropout_backward(self, din, batch);
+        break;
+    case OMV_LAYER_FLATTEN:
+        /* dout is the previous layer's gradient buffer: nothing to move. */
+        break;
+    }
+}

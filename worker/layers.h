@@ -1,0 +1,45 @@
+/* The layers of the gradient engine: each owns its activations, the gradient of its output and
+ * its scratch, all made by omv_layer_init for a batch size, so forward and backward allocate
+ * nothing. Activations are channels-last: [batch][h][w][c]. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "rng.h"
+
+typedef struct {
+    omv_model_layer_t spec;
+    uint32_t max_batch;
+    size_t in_size, out_size; /* floats per image */
+    float *out;               /* [batch][out_size]; flatten, in-place ReLU: the input's */
+    float *dout;              /* [batch][out_size] gradient of the loss by out; flatten,
+                                 in-place ReLU: the previous layer's */
+    float *col;               /* conv: [batch * oh * ow][kh * kw * in_c], lowered input, then
+                                 its gradient */
+    float *mask;              /* dropout: [batch][out_size], 0 or 1 / (1 - rate) */
+    uint32_t *arg;            /* maxpool: [batch][out_size] index of the maximum in the input */
+    bool owns_out;
+} omv_layer_t;
+
+/* Makes every buffer of a layer for at most max_batch images. Returns 0 or -ENOMEM (then
+ * omv_layer_fini is still safe). The buffers are written once here so that their pages are
+ * resident before the first step. in_place (ReLU only): the layer owns no buffers and works in
+ * those of the layer before it, which must not need its own output in backward (no layer kind
+ * does); the net sets dout to that layer's. */
+int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch,
+                   bool in_place);
+void omv_layer_fini(omv_layer_t *self);
+
+/* out = layer(in) for in[batch][in_size]; params is the whole model's vector. train: dropout
+ * draws a fresh mask from rng (else passes values through). */
+void omv_layer_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch,
+                       bool train, omv_rng_t *rng);
+
+/* From dout (and in, the input of the last forward): writes this layer's parameter gradients
+ * into grad (the whole model's vector) and, unless din is NULL, the gradient by the input into
+ * din[batch][in_size]. Must follow a forward with the same params, in and batch. */
+void omv_layer_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                        uint32_t batch, float *grad);

@@ -1,0 +1,390 @@
+/* The network: layers in a row, softmax cross-entropy on the last one's outputs. With several
+ * threads the batch is split: each thread runs its own copy of the layers (own buffers) on its
+ * part of the images, and the parts' gradients are summed; BLAS then runs one thread per call.
+ * The threads sleep on a condition variable between steps (no spinning against BLAS). */
+#include "net.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers.h"
+#include "rng.h"
+#include "util.h"
+
+#define MAX_THREADS 64
+
+enum { JOB_TRAIN, JOB_EVAL };
+
+/* One thread's copy of the network and its share of the step. */
+typedef struct {
+    omv_net_t *net;
+    omv_layer_t layers[OMV_MODEL_MAX_LAYERS];
+    float *prob;  /* [part_batch][classes] */
+    float *grad;  /* [param_count] this part's gradient; part 0 of one part: NULL (writes the
+                     caller's directly) */
+    omv_rng_t rng;
+    uint32_t begin, count; /* this step's images */
+    double loss_sum;
+    uint32_t correct;
+    pthread_t tid;
+    bool started;
+} part_t;
+
+struct omv_net {
+    omv_model_layout_t layout;
+    uint32_t max_batch, n_parts;
+    part_t *parts;
+    double *seconds; /* [n_layers] or NULL: part 0's per-layer time, for benchmarks */
+    /* The step the parts run, set by the caller before it wakes them. */
+    int job;
+    const float *params, *x;
+    const uint8_t *labels;
+    float *grad;
+    /* Step hand-off: gen counts steps started; pending counts parts still running. */
+    pthread_mutex_t mu;
+    pthread_cond_t go, finished;
+    uint64_t gen;
+    uint32_t pending;
+    bool quit, sync_ready;
+};
+
+static void *part_main(void *arg);
+
+static int part_init(part_t *p, omv_net_t *net, uint32_t max_batch, bool own_grad)
+{
+    const omv_model_layout_t *layout = &net->layout;
+    p->net = net;
+    int ok = 1;
+    for (uint32_t i = 0; i < layout->n_layers; i++) {
+        omv_layer_t *l = &p->layers[i];
+        /* A ReLU after a layer works in that layer's buffers: half the memory traffic. The
+         * network's input is the caller's, so a first ReLU keeps its own. */
+        bool in_place = i > 0 && layout->layers[i].kind == OMV_LAYER_RELU;
+        ok &= omv_layer_init(l, &layout->layers[i], max_batch, in_place) == 0;
+        if ((l->spec.kind == OMV_LAYER_FLATTEN || in_place) && i > 0)
+            l->dout = p->layers[i - 1].dout;
+    }
+    size_t probs = (size_t)max_batch * layout->classes;
+    p->prob = malloc(probs * sizeof(float));
+    ok &= p->prob != NULL;
+    if (p->prob)
+        memset(p->prob, 0, probs * sizeof(float));
+    if (own_grad) {
+        p->grad = malloc(layout->param_count * sizeof(float));
+        ok &= p->grad != NULL;
+        if (p->grad)
+            memset(p->grad, 0, layout->param_count * sizeof(float));
+    }
+    return ok ? 0 : -ENOMEM;
+}
+
+static void part_fini(part_t *p)
+{
+    for (uint32_t i = 0; i < OMV_MODEL_MAX_LAYERS; i++)
+        omv_layer_fini(&p->layers[i]);
+    free(p->prob);
+    free(p->grad);
+}
+
+omv_net_t *omv_net_new_threads(const omv_model_layout_t *layout, uint32_t max_batch,
+                               uint32_t threads)
+{
+    if (max_batch == 0 || layout->n_layers == 0 || layout->n_layers > OMV_MODEL_MAX_LAYERS ||
+        threads == 0 || threads > MAX_THREADS) {
+        errno = EINVAL;
+        return NULL;
+    }
+    omv_net_t *self = calloc(1, sizeof(*self));
+    if (self == NULL)
+        return NULL;
+    self->layout = *layout;
+    self->max_batch = max_batch;
+    /* No part without an image to work on. */
+    self->n_parts = threads < max_batch ? threads : max_batch;
+    self->parts = calloc(self->n_parts, sizeof(part_t));
+    int ok = self->parts != NULL;
+    uint32_t part_batch = (max_batch + self->n_parts - 1) / self->n_parts;
+    for (uint32_t i = 0; ok && i < self->n_parts; i++) {
+        ok &= part_init(&self->parts[i], self, part_batch, self->n_parts > 1) == 0;
+        omv_rng_init(&self->parts[i].rng, 1 + i);
+    }
+    if (ok && self->n_parts > 1) {
+        ok &= pthread_mutex_init(&self->mu, NULL) == 0;
+        ok &= pthread_cond_init(&self->go, NULL) == 0;
+        ok &= pthread_cond_init(&self->finished, NULL) == 0;
+        self->sync_ready = ok;
+        for (uint32_t i = 1; ok && i < self->n_parts; i++) {
+            ok &= pthread_create(&self->parts[i].tid, NULL, part_main, &self->parts[i]) == 0;
+            self->parts[i].started = ok;
+        }
+    }
+    if (!ok) {
+        omv_net_destroy(&self);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return self;
+}
+
+omv_net_t *omv_net_new(const omv_model_layout_t *layout, uint32_t max_batch)
+{
+    return omv_net_new_threads(layout, max_batch, 1);
+}
+
+void omv_net_destroy(omv_net_t **self_p)
+{
+    omv_net_t *self = *self_p;
+    if (self == NULL)
+        return;
+    if (self->sync_ready) {
+        pthread_mutex_lock(&self->mu);
+        self->quit = true;
+        pthread_cond_broadcast(&self->go);
+        pthread_mutex_unlock(&self->mu);
+        for (uint32_t i = 1; i < self->n_parts; i++)
+            if (self->parts[i].started)
+                pthread_join(self->parts[i].tid, NULL);
+        pthread_cond_destroy(&self->finished);
+        pthread_cond_destroy(&self->go);
+        pthread_mutex_destroy(&self->mu);
+    }
+    for (uint32_t i = 0; self->parts && i < self->n_parts; i++)
+        part_fini(&self->parts[i]);
+    free(self->parts);
+    free(self);
+    *self_p = NULL;
+}
+
+const omv_model_layout_t *omv_net_layout(const omv_net_t *self)
+{
+    return &self->layout;
+}
+
+uint32_t omv_net_threads(const omv_net_t *self)
+{
+    return self->n_parts;
+}
+
+void omv_net_seed(omv_net_t *self, uint64_t seed)
+{
+    for (uint32_t i = 0; i < self->n_parts; i++)
+        omv_rng_init(&self->parts[i].rng, seed + i * 0x9e3779b97f4a7c15ULL);
+}
+
+void omv_net_profile(omv_net_t *self, double *seconds)
+{
+    self->seconds = seconds;
+}
+
+const float *omv_net_output(const omv_net_t *self, uint32_t i)
+{
+    return self->parts[0].layers[i].out;
+}
+
+const float *omv_net_probabilities(const omv_net_t *self)
+{
+    return self->parts[0].prob;
+}
+
+/* Runs every layer of a part on its images, then the softmax into prob. */
+static void forward(part_t *p, const float *x, bool train)
+{
+    omv_net_t *net = p->net;
+    double *seconds = p == &net->parts[0] ? net->seconds : NULL;
+    const float *in = x;
+    uint32_t n = net->layout.n_layers, batch = p->count;
+    for (uint32_t i = 0; i < n; i++) {
+        double t0 = seconds ? omv_time_s() : 0.0;
+        omv_layer_forward(&p->layers[i], net->params, in, batch, train, &p->rng);
+        if (seconds)
+            seconds[i] += omv_time_s() - t0;
+        in = p->layers[i].out;
+    }
+    /* Softmax per row, shifted by the row maximum for stability. */
+    uint32_t c = net->layout.classes;
+    for (uint32_t r = 0; r < batch; r++) {
+        const float *z = in + (size_t)r * c;
+        float *row = p->prob + (size_t)r * c;
+        float m = z[0];
+        for (uint32_t j = 1; j < c; j++)
+            m = z[j] > m ? z[j] : m;
+        float sum = 0.0f;
+        for (uint32_t j = 0; j < c; j++) {
+            row[j] = expf(z[j] - m);
+            sum += row[j];
+        }
+        float inv = 1.0f / sum;
+        for (uint32_t j = 0; j < c; j++)
+            row[j] *= inv;
+    }
+}
+
+static float nll(float p)
+{
+    return -logf(p > 1e-30f ? p : 1e-30f);
+}
+
+/* Forward and backward of a part: its gradient is that of the loss summed over its images
+ * divided by the whole batch, so the parts' gradients add up to the batch mean's. */
+static void part_train(part_t *p, uint32_t batch)
+{
+    omv_net_t *net = p->net;
+    uint32_t n = net->layout.n_layers, c = net->layout.classes;
+    const uint8_t *labels = net->labels + p->begin;
+    const float *x = net->x + (size_t)p->begin * net->layout.inputs;
+    float *grad = p->grad ? p->grad : net->grad;
+    double *seconds = p == &net->parts[0] ? net->seconds : NULL;
+    forward(p, x, true);
+
+    /* dL/dlogits = (p - onehot) / batch */
+    float *d = p->layers[n - 1].dout;
+    double loss = 0.0;
+    float inv_b = 1.0f / (float)batch;
+    for (uint32_t r = 0; r < p->count; r++) {
+        const float *pr = p->prob + (size_t)r * c;
+        float *dr = d + (size_t)r * c;
+        loss += nll(pr[labels[r]]);
+        for (uint32_t j = 0; j < c; j++)
+            dr[j] = pr[j] * inv_b;
+        dr[labels[r]] -= inv_b;
+    }
+    p->loss_sum = loss;
+    for (uint32_t i = n; i-- > 0;) {
+        const float *in = i == 0 ? x : p->layers[i - 1].out;
+        float *din = i == 0 ? NULL : p->layers[i - 1].dout;
+        double t0 = seconds ? omv_time_s() : 0.0;
+        omv_layer_backward(&p->layers[i], net->params, in, din, p->count, grad);
+        if (seconds)
+            seconds[i] += omv_time_s() - t0;
+    }
+}
+
+static void part_eval(part_t *p)
+{
+    omv_net_t *net = p->net;
+    uint32_t c = net->layout.classes;
+    const uint8_t *labels = net->labels + p->begin;
+    forward(p, net->x + (size_t)p->begin * net->layout.inputs, false);
+    uint32_t correct = 0;
+    double loss = 0.0;
+    for (uint32_t r = 0; r < p->count; r++) {
+        const float *pr = p->prob + (size_t)r * c;
+        uint32_t best = 0;
+        for (uint32_t j = 1; j < c; j++)
+            best = pr[j] > pr[best] ? j : best;
+        correct += best == labels[r];
+        loss += nll(pr[labels[r]]);
+    }
+    p->correct = correct;
+    p->loss_sum = loss;
+}
+
+/* The batch of the step under way: every part's count summed. */
+static uint32_t step_batch(const omv_net_t *net)
+{
+    uint32_t b = 0;
+    for (uint32_t i = 0; i < net->n_parts; i++)
+        b += net->parts[i].count;
+    return b;
+}
+
+static void part_run(part_t *p)
+{
+    if (p->count == 0) {
+        /* Nothing to do; an empty part still owes the sum a zero gradient. */
+        if (p->grad && p->net->job == JOB_TRAIN)
+            memset(p->grad, 0, p->net->layout.param_count * sizeof(float));
+        p->loss_sum = 0.0;
+        p->correct = 0;
+        return;
+    }
+    if (p->net->job == JOB_TRAIN)
+        part_train(p, step_batch(p->net));
+    else
+        part_eval(p);
+}
+
+static void *part_main(void *arg)
+{
+    part_t *p = arg;
+    omv_net_t *net = p->net;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&net->mu);
+        while (net->gen == seen && !net->quit)
+            pthread_cond_wait(&net->go, &net->mu);
+        seen = net->gen;
+        bool quit = net->quit;
+        pthread_mutex_unlock(&net->mu);
+        if (quit)
+            return NULL;
+        part_run(p);
+        pthread_mutex_lock(&net->mu);
+        if (--net->pending == 0)
+            pthread_cond_signal(&net->finished);
+        pthread_mutex_unlock(&net->mu);
+    }
+}
+
+/* Splits batch images over the parts, runs them all (the caller's thread is part 0) and waits. */
+static void run_parts(omv_net_t *self, int job, const float *params, const float *x,
+                      const uint8_t *labels, uint32_t batch, float *grad)
+{
+    self->job = job;
+    self->params = params, self->x = x, self->labels = labels, self->grad = grad;
+    for (uint32_t i = 0; i < self->n_parts; i++) {
+        part_t *p = &self->parts[i];
+        p->begin = (uint32_t)((uint64_t)batch * i / self->n_parts);
+        p->count = (uint32_t)((uint64_t)batch * (i + 1) / self->n_parts) - p->begin;
+    }
+    if (self->n_parts > 1) {
+        pthread_mutex_lock(&self->mu);
+        self->pending = self->n_parts - 1;
+        self->gen++;
+        pthread_cond_broadcast(&self->go);
+        pthread_mutex_unlock(&self->mu);
+    }
+    part_run(&self->parts[0]);
+    if (self->n_parts > 1) {
+        pthread_mutex_lock(&self->mu);
+        while (self->pending > 0)
+            pthread_cond_wait(&self->finished, &self->mu);
+        pthread_mutex_unlock(&self->mu);
+    }
+}
+
+float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
+                         const uint8_t *labels, uint32_t batch, float *grad)
+{
+    run_parts(self, JOB_TRAIN, params, x, labels, batch, grad);
+    double loss = 0.0;
+    for (uint32_t i = 0; i < self->n_parts; i++)
+        loss += self->parts[i].loss_sum;
+    if (self->n_parts > 1) {
+        size_t n = self->layout.param_count;
+        memcpy(grad, self->parts[0].grad, n * sizeof(float));
+        for (uint32_t k = 1; k < self->n_parts; k++) {
+            const float *g = self->parts[k].grad;
+            for (size_t i = 0; i < n; i++)
+                grad[i] += g[i];
+        }
+    }
+    return (float)(loss / batch);
+}
+
+void omv_net_evaluate(omv_net_t *self, const float *params, const float *x, const uint8_t *labels,
+                      uint32_t batch, uint32_t *ret_correct, double *ret_loss_sum)
+{
+    run_parts(self, JOB_EVAL, params, x, labels, batch, NULL);
+    uint32_t correct = 0;
+    double loss = 0.0;
+    for (uint32_t i = 0; i < self->n_parts; i++) {
+        correct += self->parts[i].correct;
+        loss += self->parts[i].loss_sum;
+    }
+    *ret_correct = correct;
+    *ret_loss_sum = loss;
+}

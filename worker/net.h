@@ -1,0 +1,50 @@
+/* The gradient engine: a network of layers (worker/layers.h) built from a model layout for a
+ * batch size, with softmax cross-entropy at the end. Every buffer is made by omv_net_new; the
+ * training step allocates nothing. Parameters live in one flat vector (common/model.h). */
+#pragma once
+
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct omv_net omv_net_t;
+
+/* Builds the engine for a layout (copied) and at most max_batch images a step. Returns NULL
+ * with errno set (EINVAL, ENOMEM). Caller owns; release with omv_net_destroy. */
+omv_net_t *omv_net_new(const omv_model_layout_t *layout, uint32_t max_batch);
+
+/* The same on `threads` threads (at most 64): each step splits the batch among them, each with
+ * its own buffers, and sums their gradients. The calling thread is one of them. Set BLAS to one
+ * thread (omv_blas_set_threads) so that the two do not compete for the cores: measured faster
+ * than BLAS threads on the whole batch (bench/bench_net.c). */
+omv_net_t *omv_net_new_threads(const omv_model_layout_t *layout, uint32_t max_batch,
+                               uint32_t threads);
+
+/* Threads the engine runs (fewer than asked when max_batch is smaller). */
+uint32_t omv_net_threads(const omv_net_t *self);
+void omv_net_destroy(omv_net_t **self_p);
+
+const omv_model_layout_t *omv_net_layout(const omv_net_t *self);
+
+/* Restarts the streams dropout draws its masks from (one per thread). */
+void omv_net_seed(omv_net_t *self, uint64_t seed);
+
+/* Forward and backward on x[batch][h][w][c] (channels-last; for one channel the usual row-major
+ * image) with labels[batch] (each < classes): writes the gradient of the mean loss into
+ * grad[param_count] and returns the mean loss. */
+float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
+                         const uint8_t *labels, uint32_t batch, float *grad);
+
+/* Forward only (dropout off): counts correct top-1 predictions and sums the loss. */
+void omv_net_evaluate(omv_net_t *self, const float *params, const float *x, const uint8_t *labels,
+                      uint32_t batch, uint32_t *ret_correct, double *ret_loss_sum);
+
+/* Benchmarks: while seconds is set, every step adds each layer's forward and backward time (of
+ * the first thread's part) into seconds[n_layers] (borrowed; NULL stops). */
+void omv_net_profile(omv_net_t *self, double *seconds);
+
+/* The output of layer i ([batch][out_size], channels-last) after the last forward, and the
+ * softmax probabilities [batch][classes], of the first thread's part (the whole batch with one
+ * thread); borrowed. */
+const float *omv_net_output(const omv_net_t *self, uint32_t i);
+const float *omv_net_probabilities(const omv_net_t *self);
