@@ -43,6 +43,8 @@ const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing",
  * last checkpoint holds whole steps. */
 #define EXIT_SETTLE_MS 2000
 
+static int try_regroup(omv_daemon_t *d);
+
 static double now_s(void)
 {
     return omv_time_s();
@@ -462,6 +464,8 @@ static void progress(omv_daemon_t *d)
     omv_daemon_checkpoint_if_due(d);
     if (d->state != JOB_RUNNING)
         return;
+    if (d->regroup_to != 0 && !try_regroup(d))
+        return; /* pulls wait until every group is between steps */
     for (uint32_t i = 0; i < d->n_members; i++) {
         member_t *m = &d->members[i];
         if (m->state != MEMBER_ALIVE || !m->parked)
@@ -472,6 +476,79 @@ static void progress(omv_daemon_t *d)
             send_params(d, m, m->parked_step);
         }
     }
+}
+
+/* ---- regrouping ---- */
+
+int omv_daemon_request_regroup(omv_daemon_t *d, uint32_t g, char *why, size_t cap)
+{
+    uint32_t live = (uint32_t)omv_daemon_live_trainers(d);
+    if (d->state != JOB_RUNNING && d->state != JOB_WAITING) {
+        snprintf(why, cap, "job '%s' is %s: nothing to regroup", d->job.name,
+                 omv_daemon_state_names[d->state]);
+        return -EAGAIN;
+    }
+    uint32_t most = live > 0 ? live : (uint32_t)d->job.workers;
+    if (g < 1 || g > most || g > omv_groups_max(d->groups)) {
+        snprintf(why, cap, "%u groups for %u workers: give 1 to %u", g, live, most);
+        return -EINVAL;
+    }
+    d->regroup_to = g;
+    omv_log_info("regroup to %u groups requested (now %u); it happens between steps", g,
+                 omv_groups_count(d->groups));
+    return 0;
+}
+
+/* Regroups when every live trainer waits for its next step and no group is mid-step: nothing is
+ * in flight, so no gradient can be lost or counted twice. Returns whether pulls may be served. */
+static int try_regroup(omv_daemon_t *d)
+{
+    if (!omv_groups_idle(d->groups))
+        return 0;
+    uint64_t clock = 0;
+    int live = 0;
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        const member_t *m = &d->members[i];
+        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
+            continue;
+        int g = omv_groups_of(d->groups, m->slot);
+        if (g < 0 || !m->parked || m->parked_step != omv_groups_clock(d->groups, (uint32_t)g))
+            return 0; /* still computing, or its group is not done */
+        uint64_t c = omv_groups_clock(d->groups, (uint32_t)g);
+        clock = c > clock ? c : clock;
+        live++;
+    }
+    uint32_t g = d->regroup_to;
+    if (live > 0 && g > (uint32_t)live)
+        g = (uint32_t)live;
+    int32_t *group_of = malloc(d->n_slots * sizeof(int32_t));
+    if (group_of == NULL)
+        return 0;
+    for (uint32_t s = 0; s < d->n_slots; s++)
+        group_of[s] = -1;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        member_t *m = &d->members[i];
+        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER)
+            group_of[m->slot] = (int32_t)(k++ % g);
+    }
+    uint32_t before = omv_groups_count(d->groups);
+    int r = omv_groups_regroup(d->groups, g, group_of, clock);
+    free(group_of);
+    if (r < 0) {
+        omv_log_error("regroup to %u groups failed: %s", g, omv_strerror(r));
+        d->regroup_to = 0;
+        return 1;
+    }
+    /* Everyone waits for the common clock: their next pull is for it. */
+    for (uint32_t i = 0; i < d->n_members; i++)
+        if (d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER)
+            d->members[i].parked_step = clock;
+    d->regroup_to = 0;
+    d->regroups_total++;
+    omv_log_info("regrouped: %u groups (was %u) of %d workers, from step %llu", g, before, live,
+                 (unsigned long long)clock);
+    return 1;
 }
 
 /* ---- message handlers ---- */
@@ -658,6 +735,7 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
             d->last_loss = p->loss;
         }
     }
+    d->pushes_recorded_total++;
     omv_groups_record_push(d->groups, m->slot, p->shard, true);
 }
 
@@ -887,7 +965,9 @@ static int setup_job(omv_daemon_t *d)
     d->n_members_max = d->n_slots * 2 + OMV_DAEMON_MAX_EVALUATORS;
     d->params = malloc(d->layout.param_count * sizeof(float));
     d->shards = calloc(d->n_shards, sizeof(omv_shard_t));
-    d->group_images = calloc((size_t)j->groups, sizeof(uint64_t));
+    /* Room for as many groups as there are slots: regrouping may use them. */
+    uint32_t max_groups = d->n_slots > (uint32_t)j->groups ? d->n_slots : (uint32_t)j->groups;
+    d->group_images = calloc(max_groups, sizeof(uint64_t));
     d->members = calloc(d->n_members_max, sizeof(member_t));
     d->threads = calloc(d->n_shards, sizeof(*d->threads));
     d->gather_params = malloc(d->layout.param_count * sizeof(float));
@@ -899,7 +979,7 @@ static int setup_job(omv_daemon_t *d)
     for (uint32_t s = 0; s < d->n_shards; s++) {
         uint32_t off = d->shard_offsets[s];
         r = omv_shard_init(&d->shards[s], d->params + off, off, d->shard_offsets[s + 1] - off,
-                           (uint32_t)j->groups);
+                           max_groups);
         if (r < 0)
             return r;
     }

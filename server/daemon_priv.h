@@ -87,6 +87,9 @@ struct omv_daemon {
     double last_line_s;
     uint64_t last_line_images;
     uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
+    uint32_t regroup_to;             /* groups asked for, applied between steps; 0: none */
+    uint64_t regroups_total;
+    uint64_t pushes_recorded_total;  /* gradients recorded in the groups' bookkeeping, all shards */
     char fail_reason[256];
 
     /* Evaluation. */
@@ -119,6 +122,10 @@ double omv_daemon_train_seconds(const omv_daemon_t *d);
 double omv_daemon_wall_seconds(const omv_daemon_t *d);
 int omv_daemon_live_trainers(const omv_daemon_t *d);
 const char *omv_daemon_member_state(const member_t *m);
+
+/* Asks for g compute groups; the daemon regroups once every group is between steps. Returns 0,
+ * or -EINVAL/-EAGAIN with the reason in why[cap]. */
+int omv_daemon_request_regroup(omv_daemon_t *d, uint32_t g, char *why, size_t cap);
 
 /* Handles worker messages for up to timeout_ms until no group is half-way through applying a
  * step. Returns 0 or -ETIMEDOUT. */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -72,6 +73,7 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_int(&kv, "deaths_total", (int64_t)d->deaths_total);
     omv_kv_int(&kv, "evaluator_alive", d->evaluator != 0);
     omv_kv_int(&kv, "groups", d->job.groups);
+    omv_kv_int(&kv, "groups_now", omv_groups_count(d->groups));
     omv_kv_int(&kv, "staleness", d->job.staleness);
     omv_kv_int(&kv, "shards", d->n_shards);
     omv_kv_int(&kv, "staleness_max_observed", (int64_t)d->staleness_max_observed);
@@ -85,6 +87,34 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_strbuf_append(&clocks, json ? "]" : "", json ? 1 : 0);
     omv_kv_raw(&kv, "group_clocks", omv_strbuf_str(&clocks));
     omv_strbuf_fini(&clocks);
+    omv_kv_int(&kv, "regroups_total", (int64_t)d->regroups_total);
+    omv_kv_int(&kv, "regroup_pending", d->regroup_to);
+    /* Exactly once, checked: each group step applies each shard once, and each recorded
+     * gradient is summed once (or refused as not finite). */
+    omv_kv_section(&kv, "shards");
+    omv_kv_int(&kv, "steps_total", (int64_t)d->steps_total);
+    omv_kv_int(&kv, "pushes_recorded_total", (int64_t)d->pushes_recorded_total);
+    uint64_t summed_all = 0;
+    for (uint32_t s = 0; s < d->n_shards && d->threads; s++) {
+        uint64_t applies = 0, summed = 0, snaps = 0, serves = 0;
+        if (d->threads[s]) {
+            omv_shard_thread_counts(d->threads[s], &applies, &summed);
+            omv_shard_thread_stats(d->threads[s], &snaps, &serves);
+        }
+        summed_all += summed;
+        char key[64];
+        snprintf(key, sizeof(key), "shard_%u_applied_total", s);
+        omv_kv_int(&kv, key, (int64_t)applies);
+        snprintf(key, sizeof(key), "shard_%u_summed_total", s);
+        omv_kv_int(&kv, key, (int64_t)summed);
+        snprintf(key, sizeof(key), "shard_%u_snapshots_total", s);
+        omv_kv_int(&kv, key, (int64_t)snaps);
+        snprintf(key, sizeof(key), "shard_%u_pulls_served_total", s);
+        omv_kv_int(&kv, key, (int64_t)serves);
+        snprintf(key, sizeof(key), "shard_%u_threaded", s);
+        omv_kv_int(&kv, key, d->threads[s] ? omv_shard_thread_threaded(d->threads[s]) : 0);
+    }
+    omv_kv_int(&kv, "summed_total", (int64_t)summed_all);
     omv_kv_section(&kv, "checkpoint");
     omv_kv_str(&kv, "dir", d->ckpt_enabled ? d->ckpt_dir : "(off)");
     omv_kv_str(&kv, "last_path", d->ckpt_last_path);
@@ -372,9 +402,12 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
     /* systemd's STATUS= line is refreshed from the cron (omv_daemon_notify_status); a request
      * refreshes it too, so that it is current whenever someone looks (rate-limited). */
     omv_daemon_notify_status(d);
+    const char *number = NULL; /* regroup's argument */
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
+        } else if (strcmp(argv[0], "regroup") == 0 && number == NULL) {
+            number = argv[i];
         } else {
             omv_strbuf_printf(reply, "'%s' takes no argument '%s'", argv[0], argv[i]);
             return -EINVAL;
@@ -392,6 +425,26 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
             return -EINVAL;
         }
         reply_metrics(d, reply);
+    } else if (strcmp(argv[0], "regroup") == 0) {
+        char *end = NULL;
+        long g = number ? strtol(number, &end, 10) : 0;
+        if (number == NULL || *end != '\0' || g < 1) {
+            omv_strbuf_printf(reply, "regroup takes the number of groups, e.g. 'regroup 2'");
+            return -EINVAL;
+        }
+        char why[256];
+        int r = omv_daemon_request_regroup(d, (uint32_t)g, why, sizeof(why));
+        if (r < 0) {
+            omv_strbuf_printf(reply, "%s", why);
+            return r;
+        }
+        omv_kv_t kv;
+        omv_kv_begin(&kv, reply, json);
+        omv_kv_section(&kv, "regroup");
+        omv_kv_int(&kv, "groups_now", omv_groups_count(d->groups));
+        omv_kv_int(&kv, "groups_requested", (int64_t)g);
+        omv_kv_str(&kv, "when", "at the next step boundary of every group");
+        omv_kv_end(&kv);
     } else if (strcmp(argv[0], "summary") == 0) {
         reply_summary(d, reply, json);
     } else if (strcmp(argv[0], "checkpoint") == 0) {

@@ -18,12 +18,13 @@ typedef struct {
 
 struct omv_groups {
     uint32_t n_slots, n_groups, n_shards;
+    uint32_t max_groups; /* groups that exist; the first n_groups are in use */
     int64_t staleness;
     omv_groups_events_t ev;
     int32_t *slot_group; /* [n_slots], -1 empty */
     uint8_t *joining;    /* [n_slots] joined mid-step: a member from the group's next step */
     uint8_t *pushed;     /* [n_slots][n_shards] this step */
-    group_t *groups;     /* [n_groups] */
+    group_t *groups;     /* [max_groups] */
 };
 
 omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_shards,
@@ -38,18 +39,19 @@ omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_sha
         return NULL;
     self->n_slots = n_slots;
     self->n_groups = n_groups;
+    self->max_groups = n_slots > n_groups ? n_slots : n_groups;
     self->n_shards = n_shards;
     self->staleness = staleness;
     self->ev = *events;
     self->slot_group = malloc(n_slots * sizeof(int32_t));
     self->pushed = calloc((size_t)n_slots * n_shards, 1);
     self->joining = calloc(n_slots, 1);
-    self->groups = calloc(n_groups, sizeof(group_t));
+    self->groups = calloc(self->max_groups, sizeof(group_t));
     if (!self->slot_group || !self->pushed || !self->joining || !self->groups)
         goto fail;
     for (uint32_t i = 0; i < n_slots; i++)
         self->slot_group[i] = -1;
-    for (uint32_t g = 0; g < n_groups; g++) {
+    for (uint32_t g = 0; g < self->max_groups; g++) {
         group_t *gr = &self->groups[g];
         gr->arrived = calloc(n_shards, sizeof(uint32_t));
         gr->counted = calloc(n_shards, sizeof(uint32_t));
@@ -69,7 +71,7 @@ void omv_groups_destroy(omv_groups_t **self_p)
     omv_groups_t *self = *self_p;
     if (self == NULL)
         return;
-    for (uint32_t g = 0; self->groups && g < self->n_groups; g++) {
+    for (uint32_t g = 0; self->groups && g < self->max_groups; g++) {
         free(self->groups[g].arrived);
         free(self->groups[g].counted);
         free(self->groups[g].applied);
@@ -248,6 +250,67 @@ bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t ste
             return false;
     }
     return true;
+}
+
+bool omv_groups_idle(const omv_groups_t *self)
+{
+    for (uint32_t g = 0; g < self->n_groups; g++) {
+        const group_t *gr = &self->groups[g];
+        if (gr->joining > 0 || gr->shards_applied > 0)
+            return false;
+        for (uint32_t sh = 0; gr->live > 0 && sh < self->n_shards; sh++)
+            if (gr->arrived[sh] > 0)
+                return false;
+    }
+    return true;
+}
+
+int omv_groups_regroup(omv_groups_t *self, uint32_t n_groups, const int32_t *group_of,
+                       uint64_t clock)
+{
+    if (n_groups == 0 || n_groups > self->max_groups)
+        return -EINVAL;
+    if (!omv_groups_idle(self))
+        return -EBUSY;
+    for (uint32_t s = 0; s < self->n_slots; s++)
+        if (self->slot_group[s] >= 0 && (group_of[s] < 0 || (uint32_t)group_of[s] >= n_groups))
+            return -EINVAL;
+    self->n_groups = n_groups;
+    for (uint32_t g = 0; g < self->max_groups; g++) {
+        group_t *gr = &self->groups[g];
+        gr->live = 0;
+        gr->joining = 0;
+        gr->clock = clock;
+        gr->shards_applied = 0;
+        memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
+        memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
+        memset(gr->applied, 0, self->n_shards);
+    }
+    for (uint32_t s = 0; s < self->n_slots; s++) {
+        if (self->slot_group[s] < 0)
+            continue;
+        self->slot_group[s] = group_of[s];
+        self->joining[s] = 0;
+        self->groups[group_of[s]].live++;
+        memset(self->pushed + (size_t)s * self->n_shards, 0, self->n_shards);
+    }
+    return 0;
+}
+
+int omv_groups_set_count(omv_groups_t *self, uint32_t n_groups)
+{
+    if (n_groups == 0 || n_groups > self->max_groups)
+        return -EINVAL;
+    for (uint32_t g = 0; g < self->max_groups; g++)
+        if (self->groups[g].live > 0 || self->groups[g].joining > 0)
+            return -EBUSY;
+    self->n_groups = n_groups;
+    return 0;
+}
+
+uint32_t omv_groups_max(const omv_groups_t *self)
+{
+    return self->max_groups;
 }
 
 uint64_t omv_groups_clock(const omv_groups_t *self, uint32_t group)

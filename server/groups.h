@@ -20,7 +20,8 @@ typedef struct {
 
 typedef struct omv_groups omv_groups_t;
 
-/* n_slots worker slots, n_groups groups, n_shards shards; staleness s >= 0 or -1 for no bound.
+/* n_slots worker slots, n_groups groups in use (room for as many as slots, for regrouping),
+ * n_shards shards; staleness s >= 0 or -1 for no bound.
  * Returns NULL with errno set. Caller owns; release with omv_groups_destroy. */
 omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_shards,
                              int64_t staleness, const omv_groups_events_t *events);
@@ -54,6 +55,23 @@ void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard, b
 /* Whether a member of group may begin step now: its group has finished step - 1 and, under a
  * bound s, every other live group has finished step - s - 1. */
 bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step);
+
+/* Whether every live member is between steps: no group has a push of its current step, a
+ * shard half-applied, or a member waiting to join. Regrouping needs this. */
+bool omv_groups_idle(const omv_groups_t *self);
+
+/* Regroups between steps (omv_groups_idle must hold): n_groups groups are in use, the live
+ * worker in slot s moves to group_of[s] (n_slots entries; ignored for empty slots), and every
+ * group starts at clock. Returns 0, -EBUSY (not idle) or -EINVAL. */
+int omv_groups_regroup(omv_groups_t *self, uint32_t n_groups, const int32_t *group_of,
+                       uint64_t clock);
+
+/* Sets how many groups are in use while no group has members (resuming a checkpoint written
+ * after a regroup). Returns 0, -EBUSY or -EINVAL. */
+int omv_groups_set_count(omv_groups_t *self, uint32_t n_groups);
+
+/* How many groups there can be (room was made for one per slot). */
+uint32_t omv_groups_max(const omv_groups_t *self);
 
 uint64_t omv_groups_clock(const omv_groups_t *self, uint32_t group);
 /* Live members, not counting those that join with the next step. */

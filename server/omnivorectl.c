@@ -48,6 +48,7 @@ static void usage(FILE *out)
             "              terminal; until Ctrl-C, or N times with --count\n"
             "  summary     the job's result and evaluation history\n"
             "  checkpoint  write a checkpoint now and print its path\n"
+            "  regroup G   use G compute groups from the next step boundary (1 to the workers)\n"
             "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
             "              wait for it to come back (a finished job's workers have exited)\n"
             "  help        this text\n\n"
@@ -537,8 +538,8 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    static const char *const known[] = {"status", "workers",    "groups",  "metrics",
-                                        "summary", "checkpoint", "shutdown"};
+    static const char *const known[] = {"status",     "workers",  "groups",  "metrics", "summary",
+                                        "checkpoint", "shutdown", "regroup"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
         ok |= strcmp(cmd, known[k]) == 0;
@@ -546,16 +547,25 @@ int main(int argc, char **argv)
         fprintf(stderr, "omnivorectl: unknown command '%s'; see omnivorectl --help\n", cmd);
         return 2;
     }
+    const char *groups = NULL; /* regroup's argument */
     for (int a = i + 1; a < argc; a++) {
         if (strcmp(argv[a], "--json") == 0 || strcmp(argv[a], "-j") == 0) {
             json = 1;
+        } else if (strcmp(cmd, "regroup") == 0 && groups == NULL &&
+                   strspn(argv[a], "0123456789") == strlen(argv[a]) && strlen(argv[a]) < 6) {
+            groups = argv[a];
         } else {
             fprintf(stderr, "omnivorectl: %s takes no argument '%s'\n", cmd, argv[a]);
             return 2;
         }
     }
+    if (strcmp(cmd, "regroup") == 0 && groups == NULL) {
+        fprintf(stderr, "omnivorectl: regroup takes the number of groups, e.g. regroup 2\n");
+        return 2;
+    }
     char line[64];
-    snprintf(line, sizeof(line), "%s%s", cmd, json ? " --json" : "");
+    snprintf(line, sizeof(line), "%s%s%s%s", cmd, groups ? " " : "", groups ? groups : "",
+             json ? " --json" : "");
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     int rc = request(sock, line, &body);

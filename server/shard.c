@@ -14,7 +14,7 @@ int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t c
     self->count = count;
     self->n_groups = n_groups;
     self->velocity = calloc(count ? count : 1, sizeof(float));
-    self->pending = calloc((size_t)n_groups * (count ? count : 1), sizeof(float));
+    self->pending = calloc(n_groups ? n_groups : 1, sizeof(float *));
     if (self->velocity == NULL || self->pending == NULL) {
         omv_shard_fini(self);
         return -ENOMEM;
@@ -24,6 +24,8 @@ int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t c
 
 void omv_shard_fini(omv_shard_t *self)
 {
+    for (uint32_t g = 0; self->pending && g < self->n_groups; g++)
+        free(self->pending[g]);
     free(self->velocity);
     free(self->pending);
     memset(self, 0, sizeof(*self));
@@ -56,15 +58,23 @@ HOT static void sgd_step(float *restrict w, float *restrict v, float *restrict s
     }
 }
 
-void omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
+int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
 {
-    add_into(self->pending + (size_t)group * self->count, grad, self->count);
+    if (self->pending[group] == NULL) {
+        self->pending[group] = calloc(self->count ? self->count : 1, sizeof(float));
+        if (self->pending[group] == NULL)
+            return -ENOMEM;
+    }
+    add_into(self->pending[group], grad, self->count);
+    return 0;
 }
 
 void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
                      const omv_sgd_t *sgd)
 {
-    float *sum = self->pending + (size_t)group * self->count;
+    float *sum = self->pending[group];
+    if (sum == NULL)
+        return; /* nothing was summed */
     if (contributors == 0) {
         memset(sum, 0, self->count * sizeof(float));
         return;
@@ -75,5 +85,6 @@ void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
 
 void omv_shard_discard(omv_shard_t *self, uint32_t group)
 {
-    memset(self->pending + (size_t)group * self->count, 0, self->count * sizeof(float));
+    if (self->pending[group])
+        memset(self->pending[group], 0, self->count * sizeof(float));
 }

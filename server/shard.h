@@ -1,6 +1,7 @@
 /* One shard of the model: a contiguous range of the flat parameter vector, its momentum, and
- * one pending gradient sum per compute group. The update is SGD with momentum and weight decay
- * (PyTorch's form) on the mean of a group's gradients. */
+ * one pending gradient sum per compute group (made the first time the group sums a gradient,
+ * so that room for many groups costs nothing until they are used). The update is SGD with
+ * momentum and weight decay (PyTorch's form) on the mean of a group's gradients. */
 #pragma once
 
 #include <stdint.h>
@@ -10,7 +11,8 @@ typedef struct {
     uint32_t n_groups;
     float *params;   /* [count], borrowed: a view into the daemon's model */
     float *velocity; /* [count] */
-    float *pending;  /* [n_groups][count] sums of the gradients of the group's current step */
+    float **pending; /* [n_groups] -> [count] sums of the gradients of the group's current step,
+                      * NULL until the group first sums one */
 } omv_shard_t;
 
 typedef struct {
@@ -24,8 +26,9 @@ int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t c
                    uint32_t n_groups);
 void omv_shard_fini(omv_shard_t *self);
 
-/* Adds grad[count] to the group's pending sum. */
-void omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
+/* Adds grad[count] to the group's pending sum. Returns 0, or -ENOMEM when the group's sum
+ * could not be made (the gradient is then not added). */
+int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
 
 /* Applies the group's pending sum as one update with the mean over `contributors` gradients
  * (none: the model is left as it is), then clears the sum:

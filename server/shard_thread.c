@@ -35,6 +35,7 @@ struct omv_shard_thread {
     int n_snaps;
     float *scratch; /* [count] for a gradient whose bytes are not float-aligned */
     atomic_uint_fast64_t snapshots_made, serves;
+    atomic_uint_fast64_t applies, summed; /* APPLY commands run; gradients added to sums */
     uint8_t extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 };
 
@@ -108,8 +109,13 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
         grad = self->scratch;
     }
     if (omv_all_finite(grad, sh->count)) {
-        omv_shard_accumulate(sh, cmd->group, grad);
-        self->counted[cmd->group]++;
+        if (omv_shard_accumulate(sh, cmd->group, grad) == 0) {
+            self->counted[cmd->group]++;
+            atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
+        }
+        else
+            omv_log_error("shard %u: no memory for group %u's sum; a gradient is dropped",
+                          self->index, cmd->group);
     } else {
         reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
     }
@@ -170,6 +176,7 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
         }
         break;
     case OMV_SHARD_CMD_APPLY:
+        atomic_fetch_add_explicit(&self->applies, 1, memory_order_relaxed);
         if (cmd->group < sh->n_groups) {
             omv_shard_apply(sh, cmd->group, self->counted[cmd->group], &cmd->sgd);
             if (self->counted[cmd->group] > 0)
@@ -241,6 +248,8 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     self->scratch = malloc((shard->count ? shard->count : 1) * sizeof(float));
     atomic_init(&self->snapshots_made, 0);
     atomic_init(&self->serves, 0);
+    atomic_init(&self->applies, 0);
+    atomic_init(&self->summed, 0);
     int r = -ENOMEM;
     if (self->counted == NULL || self->scratch == NULL)
         goto fail;
@@ -312,6 +321,14 @@ int omv_shard_thread_send(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd,
     }
     return omv_pipe_send(self->loop_end, cmd, sizeof(*cmd), peer ? peer->id : NULL,
                          peer ? peer->len : 0, payload);
+}
+
+void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_applies,
+                             uint64_t *ret_summed)
+{
+    omv_shard_thread_t *me = (omv_shard_thread_t *)self;
+    *ret_applies = atomic_load_explicit(&me->applies, memory_order_relaxed);
+    *ret_summed = atomic_load_explicit(&me->summed, memory_order_relaxed);
 }
 
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,

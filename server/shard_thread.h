@@ -74,6 +74,11 @@ omv_pipe_t *omv_shard_thread_pipe(omv_shard_thread_t *self);
 int omv_shard_thread_send(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd,
                           const omv_peer_t *peer, omv_payload_t *payload);
 
+/* How many updates the shard applied (one per group step) and how many gradients it added to
+ * sums (NaN/Inf ones are not): the daemon's bookkeeping must agree, exactly once each. */
+void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_applies,
+                             uint64_t *ret_summed);
+
 /* How many snapshots of the parameters the thread made (one per version that was pulled) and
  * how many pulls they answered, for status. */
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,

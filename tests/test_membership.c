@@ -281,6 +281,75 @@ START_TEST(test_daemon_killed_and_restarted)
 }
 END_TEST
 
+/* Runs `omnivorectl --socket SOCK ARGS` and returns its exit status; its output goes to out. */
+static int ctl(const char *args, char *out, size_t cap)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", bin("OMNIVORECTL"), sock_path, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* Regrouping a live run, by hand through omnivorectl: 1 -> 2 -> 4 -> 1 groups of 4 workers.
+ * Every group step applies each shard exactly once and every gradient is summed exactly once:
+ * the shard threads' own counts agree with the groups' bookkeeping. */
+START_TEST(test_regroup_live)
+{
+    write_job(4, 40, "groups = 1\nshards = 3");
+    pid_t d = start_daemon();
+    pid_t w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = start_worker_slow("trainer", "1-3");
+    pid_t ev = start_worker("evaluator");
+    static char out[8192];
+    const int plan[] = {2, 4, 1};
+    double regroups = 0;
+    for (int k = 0; k < 3; k++) {
+        wait_status("step", status_field("step") + 15, 30000);
+        char args[32];
+        snprintf(args, sizeof(args), "regroup %d", plan[k]);
+        int rc = ctl(args, out, sizeof(out));
+        ck_assert_msg(rc == 0, "omnivorectl %s: %d: %s", args, rc, out);
+        regroups = wait_status("regroups_total", regroups + 1, 20000);
+        ck_assert_int_eq(status_field("groups_now"), plan[k]);
+        ck_assert_int_eq(ctl("groups", out, sizeof(out)), 0);
+        char want[64];
+        snprintf(want, sizeof(want), "# group %d", plan[k] - 1);
+        ck_assert_msg(has_text(out, want), "groups after regroup %d: %s", plan[k], out);
+    }
+    /* A regroup out of range is refused with the reason, and changes nothing. */
+    ck_assert_int_eq(ctl("regroup 9", out, sizeof(out)), 1);
+    ck_assert_msg(has_text(out, "give 1 to 4"), "%s", out);
+    ck_assert_int_eq(ctl("regroup", out, sizeof(out)), 2);
+
+    double acc = wait_done();
+    ck_assert_msg(acc > 0.95, "test accuracy %.4f", acc);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("status", &body);
+    const char *s = omv_strbuf_str(&body);
+    double steps = field(s, "steps_total"), pushes = field(s, "pushes_recorded_total");
+    ck_assert_msg(steps > 100, "%s", s);
+    for (int sh = 0; sh < 3; sh++) {
+        char key[64];
+        snprintf(key, sizeof(key), "shard_%d_applied_total", sh);
+        ck_assert_msg(field(s, key) == steps, "%s != steps_total %g:\n%s", key, steps, s);
+    }
+    ck_assert_msg(field(s, "summed_total") == pushes, "summed %g of %g recorded gradients:\n%s",
+                  field(s, "summed_total"), pushes, s);
+    ck_assert_int_eq(field(s, "refused_total"), 0);
+    for (int i = 0; i < 4; i++)
+        expect_exit_0(w[i], "a worker");
+    expect_exit_0(ev, "the evaluator");
+    shutdown_daemon(d);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
 /* `systemctl restart omnivored` in the middle of a job: SIGTERM writes a checkpoint, the workers
  * wait, and the new daemon carries on from where the old one stopped. */
 START_TEST(test_daemon_sigterm_mid_job)
@@ -375,6 +444,7 @@ int main(void)
     tcase_add_test(tc, test_staleness_bound_holds);
     tcase_add_test(tc, test_daemon_killed_and_restarted);
     tcase_add_test(tc, test_daemon_sigterm_mid_job);
+    tcase_add_test(tc, test_regroup_live);
     tcase_add_test(tc, test_example_survives_a_killed_worker);
     suite_add_tcase(s, tc);
     return omv_test_run(s);

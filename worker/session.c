@@ -394,13 +394,18 @@ static void next_batch(session_t *s, uint32_t batch)
     }
 }
 
-/* Pulls every shard of the parameters for `step`. Returns 0, WAIT_DONE, WAIT_LOST or a negative
- * errno. A changed data slice in the reply is loaded before the step is computed. */
-static int pull(session_t *s, uint64_t step)
+/* Pulls every shard of the parameters for step *step_p. The daemon's answer names the step to
+ * compute, which may be later than asked (after a regroup, every group starts at a common
+ * clock): *step_p gets it. Returns 0, WAIT_DONE, WAIT_LOST or a negative errno. A changed data
+ * slice, batch or group in the reply takes effect before the step is computed. */
+static int pull(session_t *s, uint64_t *step_p)
 {
+    uint64_t asked = *step_p, step = 0;
+    int have_step = 0;
+    uint32_t group = s->group;
     omv_msg_t m = {.type = OMV_MSG_PULL};
     m.u.pull.worker_id = s->worker_id;
-    m.u.pull.step = step;
+    m.u.pull.step = asked;
     int r = send_msg(s, &m, NULL);
     if (r < 0)
         return r;
@@ -417,13 +422,17 @@ static int pull(session_t *s, uint64_t step)
             continue;
         }
         const omv_params_t *p = &m.u.params;
-        if (p->step != step || p->shard >= j->n_shards || s->got[p->shard] ||
+        if (!have_step) {
+            step = p->step;
+            have_step = 1;
+        }
+        if (p->step != step || p->step < asked || p->shard >= j->n_shards || s->got[p->shard] ||
             p->offset != j->shard_offsets[p->shard] ||
             p->count != j->shard_offsets[p->shard + 1] - p->offset) {
             omv_log_error("daemon sent parameters that do not fit: step %llu shard %u offset %u "
-                          "count %u (expected step %llu)",
+                          "count %u (asked for step %llu)",
                           (unsigned long long)p->step, p->shard, p->offset, p->count,
-                          (unsigned long long)step);
+                          (unsigned long long)asked);
             return -EPROTO;
         }
         size_t len;
@@ -456,8 +465,12 @@ static int pull(session_t *s, uint64_t step)
             return r;
         reseek = 1;
     }
-    if (reseek)
+    if (s->group != group)
+        omv_log_info("worker %u: now in group %u from step %llu", s->worker_id, s->group,
+                     (unsigned long long)step);
+    if (reseek || step != asked)
         seek_step(s, step, s->batch);
+    *step_p = step;
     return 0;
 }
 
@@ -491,7 +504,7 @@ static int train(session_t *s)
                  s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
                  s->slice_begin + s->slice_count, batch);
     for (uint64_t step = s->start_step;; step++) {
-        r = pull(s, step);
+        r = pull(s, &step);
         if (r != 0)
             return r;
         next_batch(s, s->batch);
