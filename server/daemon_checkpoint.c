@@ -120,16 +120,18 @@ int omv_daemon_resume(omv_daemon_t *d)
         omv_log_info("no checkpoint to resume in %s: starting from scratch", d->ckpt_dir);
         return 0;
     }
-    uint32_t groups = omv_groups_count(d->groups);
-    if (c.param_count != d->layout.param_count || c.n_groups != groups) {
+    if (c.param_count != d->layout.param_count || c.n_groups > omv_groups_max(d->groups)) {
         omv_log_error("%s was written for a model of %" PRIu64 " parameters in %u groups, but "
-                      "job '%s' has %zu parameters in %u groups: move the folder %s away, or set "
-                      "[checkpoint] resume = no to start from scratch",
-                      path, c.param_count, c.n_groups, d->job.name, d->layout.param_count, groups,
-                      d->ckpt_dir);
+                      "job '%s' has %zu parameters and room for %u groups: move the folder %s "
+                      "away, or set [checkpoint] resume = no to start from scratch",
+                      path, c.param_count, c.n_groups, d->job.name, d->layout.param_count,
+                      omv_groups_max(d->groups), d->ckpt_dir);
         omv_checkpoint_fini(&c);
         return -EINVAL;
     }
+    /* A run that was regrouped goes on with the groups it had. */
+    omv_groups_set_count(d->groups, c.n_groups);
+    uint32_t groups = c.n_groups;
     memcpy(d->params, c.params, c.param_count * sizeof(float));
     for (uint32_t s = 0; s < d->n_shards; s++)
         memcpy(d->shards[s].velocity, c.velocity + d->shards[s].offset,
