@@ -43,7 +43,7 @@ const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing",
  * last checkpoint holds whole steps. */
 #define EXIT_SETTLE_MS 2000
 
-static int try_regroup(omv_daemon_t *d);
+static int try_reconfig(omv_daemon_t *d);
 
 static double now_s(void)
 {
@@ -212,19 +212,24 @@ static void drain_pipes(omv_daemon_t *d)
         drain_pipe(d, s, 0, NULL);
 }
 
-int omv_daemon_gather(omv_daemon_t *d, int velocity)
+/* Sends cmd to every shard (or does it here before the threads start) and waits for all the
+ * acknowledgements. */
+static int to_all_shards(omv_daemon_t *d, const omv_shard_cmd_t *cmd)
 {
     for (uint32_t s = 0; s < d->n_shards; s++) {
-        const omv_shard_t *sh = &d->shards[s];
+        omv_shard_t *sh = &d->shards[s];
         if (d->threads == NULL || d->threads[s] == NULL) {
-            memcpy(d->gather_params + sh->offset, sh->params, sh->count * sizeof(float));
-            if (velocity)
-                memcpy(d->gather_velocity + sh->offset, sh->velocity, sh->count * sizeof(float));
+            if (cmd->params_dst)
+                memcpy(cmd->params_dst + sh->offset, sh->params, sh->count * sizeof(float));
+            if (cmd->velocity_dst)
+                memcpy(cmd->velocity_dst + sh->offset, sh->velocity, sh->count * sizeof(float));
+            if (cmd->params_src)
+                memcpy(sh->params, cmd->params_src + sh->offset, sh->count * sizeof(float));
+            if (cmd->velocity_src)
+                memcpy(sh->velocity, cmd->velocity_src + sh->offset, sh->count * sizeof(float));
             continue;
         }
-        omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = d->gather_params,
-                               .velocity_dst = velocity ? d->gather_velocity : NULL};
-        int r = omv_shard_thread_send(d->threads[s], &cmd, NULL, NULL);
+        int r = omv_shard_thread_send(d->threads[s], cmd, NULL, NULL);
         if (r < 0)
             return r;
     }
@@ -239,12 +244,46 @@ int omv_daemon_gather(omv_daemon_t *d, int velocity)
             if (r < 0)
                 return r;
             if (acks > 0 && omv_time_ms() > deadline) {
-                omv_log_error("shard %u did not hand over its parameters within 10 s", s);
+                omv_log_error("shard %u did not answer within 10 s", s);
                 return -ETIMEDOUT;
             }
         }
     }
     return 0;
+}
+
+int omv_daemon_gather(omv_daemon_t *d, int velocity)
+{
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = d->gather_params,
+                           .velocity_dst = velocity ? d->gather_velocity : NULL};
+    return to_all_shards(d, &cmd);
+}
+
+/* Saves the model and its momentum as the probe base (snapshot) or puts them back (restore). */
+static int probe_base(omv_daemon_t *d, int restore)
+{
+    size_t n = d->layout.param_count;
+    if (d->probe_params == NULL) {
+        if (restore)
+            return -ENOENT;
+        d->probe_params = malloc(n * sizeof(float));
+        d->probe_velocity = malloc(n * sizeof(float));
+        if (d->probe_params == NULL || d->probe_velocity == NULL) {
+            free(d->probe_params);
+            free(d->probe_velocity);
+            d->probe_params = d->probe_velocity = NULL;
+            return -ENOMEM;
+        }
+    }
+    omv_shard_cmd_t cmd = {.type = restore ? OMV_SHARD_CMD_RESTORE : OMV_SHARD_CMD_GATHER};
+    if (restore) {
+        cmd.params_src = d->probe_params;
+        cmd.velocity_src = d->probe_velocity;
+    } else {
+        cmd.params_dst = d->probe_params;
+        cmd.velocity_dst = d->probe_velocity;
+    }
+    return to_all_shards(d, &cmd);
 }
 
 /* ---- groups' events ---- */
@@ -464,7 +503,7 @@ static void progress(omv_daemon_t *d)
     omv_daemon_checkpoint_if_due(d);
     if (d->state != JOB_RUNNING)
         return;
-    if (d->regroup_to != 0 && !try_regroup(d))
+    if (d->reconfig.pending && !try_reconfig(d))
         return; /* pulls wait until every group is between steps */
     for (uint32_t i = 0; i < d->n_members; i++) {
         member_t *m = &d->members[i];
@@ -493,15 +532,61 @@ int omv_daemon_request_regroup(omv_daemon_t *d, uint32_t g, char *why, size_t ca
         snprintf(why, cap, "%u groups for %u workers: give 1 to %u", g, live, most);
         return -EINVAL;
     }
-    d->regroup_to = g;
+    omv_reconfig_t rc = {.groups = g};
+    omv_daemon_request_reconfig(d, &rc);
     omv_log_info("regroup to %u groups requested (now %u); it happens between steps", g,
                  omv_groups_count(d->groups));
     return 0;
 }
 
-/* Regroups when every live trainer waits for its next step and no group is mid-step: nothing is
- * in flight, so no gradient can be lost or counted twice. Returns whether pulls may be served. */
-static int try_regroup(omv_daemon_t *d)
+void omv_daemon_request_reconfig(omv_daemon_t *d, const omv_reconfig_t *rc)
+{
+    omv_reconfig_t *p = &d->reconfig;
+    if (rc->groups)
+        p->groups = rc->groups;
+    if (rc->set_sgd) {
+        p->set_sgd = 1;
+        p->sgd = rc->sgd;
+    }
+    p->snapshot |= rc->snapshot;
+    p->restore |= rc->restore;
+    p->pending = 1;
+}
+
+/* Regroups the live trainers round-robin into g groups that all start at clock. */
+static void regroup_now(omv_daemon_t *d, uint32_t g, uint64_t clock, int live)
+{
+    if (live > 0 && g > (uint32_t)live)
+        g = (uint32_t)live;
+    int32_t *group_of = malloc(d->n_slots * sizeof(int32_t));
+    if (group_of == NULL) {
+        omv_log_error("regroup to %u groups: out of memory", g);
+        return;
+    }
+    for (uint32_t s = 0; s < d->n_slots; s++)
+        group_of[s] = -1;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        member_t *m = &d->members[i];
+        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER)
+            group_of[m->slot] = (int32_t)(k++ % g);
+    }
+    uint32_t before = omv_groups_count(d->groups);
+    int r = omv_groups_regroup(d->groups, g, group_of, clock);
+    free(group_of);
+    if (r < 0) {
+        omv_log_error("regroup to %u groups failed: %s", g, omv_strerror(r));
+        return;
+    }
+    d->regroups_total++;
+    omv_log_info("regrouped: %u groups (was %u) of %d workers, from step %llu", g, before, live,
+                 (unsigned long long)clock);
+}
+
+/* Applies the pending change when every live trainer waits for its next step and no group is
+ * mid-step: nothing is in flight, so no gradient can be lost or counted twice, and a restored
+ * model is what every next step reads. Returns whether pulls may be served. */
+static int try_reconfig(omv_daemon_t *d)
 {
     if (!omv_groups_idle(d->groups))
         return 0;
@@ -518,36 +603,30 @@ static int try_regroup(omv_daemon_t *d)
         clock = c > clock ? c : clock;
         live++;
     }
-    uint32_t g = d->regroup_to;
-    if (live > 0 && g > (uint32_t)live)
-        g = (uint32_t)live;
-    int32_t *group_of = malloc(d->n_slots * sizeof(int32_t));
-    if (group_of == NULL)
-        return 0;
-    for (uint32_t s = 0; s < d->n_slots; s++)
-        group_of[s] = -1;
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < d->n_members; i++) {
-        member_t *m = &d->members[i];
-        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER)
-            group_of[m->slot] = (int32_t)(k++ % g);
+    omv_reconfig_t rc = d->reconfig;
+    memset(&d->reconfig, 0, sizeof(d->reconfig));
+    if (rc.restore) {
+        int r = probe_base(d, 1);
+        if (r < 0)
+            omv_log_error("cannot restore the probe base: %s", omv_strerror(r));
     }
-    uint32_t before = omv_groups_count(d->groups);
-    int r = omv_groups_regroup(d->groups, g, group_of, clock);
-    free(group_of);
-    if (r < 0) {
-        omv_log_error("regroup to %u groups failed: %s", g, omv_strerror(r));
-        d->regroup_to = 0;
-        return 1;
+    if (rc.snapshot) {
+        int r = probe_base(d, 0);
+        if (r < 0)
+            omv_log_error("cannot save the probe base: %s", omv_strerror(r));
     }
+    if (rc.groups)
+        regroup_now(d, rc.groups, clock, live);
+    else if (rc.restore)
+        /* Every group starts again from the same model: a common clock keeps the bound. */
+        regroup_now(d, omv_groups_count(d->groups), clock, live);
+    if (rc.set_sgd)
+        d->sgd = rc.sgd;
     /* Everyone waits for the common clock: their next pull is for it. */
     for (uint32_t i = 0; i < d->n_members; i++)
-        if (d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER)
+        if (d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER &&
+            (rc.groups || rc.restore))
             d->members[i].parked_step = clock;
-    d->regroup_to = 0;
-    d->regroups_total++;
-    omv_log_info("regrouped: %u groups (was %u) of %d workers, from step %llu", g, before, live,
-                 (unsigned long long)clock);
     return 1;
 }
 
@@ -1086,6 +1165,8 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     free(d->params);
     free(d->gather_params);
     free(d->gather_velocity);
+    free(d->probe_params);
+    free(d->probe_velocity);
     free(d->members);
     free(d->group_images);
     free(d->history);

@@ -44,6 +44,16 @@ typedef struct {
     double epoch, wall_s, accuracy, loss;
 } eval_point_t;
 
+/* Changes made between steps, when nothing is in flight (regroup by hand, the optimizer). */
+typedef struct {
+    int pending;
+    uint32_t groups;  /* 0: keep */
+    int set_sgd;      /* use sgd from the next update on */
+    omv_sgd_t sgd;
+    int snapshot;     /* save parameters and momentum as the probe base */
+    int restore;      /* put the probe base back (before anything else) */
+} omv_reconfig_t;
+
 struct omv_daemon {
     omv_daemon_config_t cfg;
     omv_job_t job;
@@ -62,6 +72,8 @@ struct omv_daemon {
     omv_shard_thread_t **threads; /* [n_shards] */
     float *gather_params;         /* [param_count] a consistent copy, for evals and checkpoints */
     float *gather_velocity;       /* [param_count] */
+    float *probe_params, *probe_velocity; /* [param_count] the optimizer's probe base, made when
+                                           * first saved */
     uint8_t pipe_extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
     omv_sgd_t sgd;
     omv_groups_t *groups;
@@ -87,7 +99,7 @@ struct omv_daemon {
     double last_line_s;
     uint64_t last_line_images;
     uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
-    uint32_t regroup_to;             /* groups asked for, applied between steps; 0: none */
+    omv_reconfig_t reconfig;         /* applied when every group is between steps */
     uint64_t regroups_total;
     uint64_t pushes_recorded_total;  /* gradients recorded in the groups' bookkeeping, all shards */
     char fail_reason[256];
@@ -126,6 +138,9 @@ const char *omv_daemon_member_state(const member_t *m);
 /* Asks for g compute groups; the daemon regroups once every group is between steps. Returns 0,
  * or -EINVAL/-EAGAIN with the reason in why[cap]. */
 int omv_daemon_request_regroup(omv_daemon_t *d, uint32_t g, char *why, size_t cap);
+
+/* Asks for a change between steps (merged with one already pending). */
+void omv_daemon_request_reconfig(omv_daemon_t *d, const omv_reconfig_t *rc);
 
 /* Handles worker messages for up to timeout_ms until no group is half-way through applying a
  * step. Returns 0 or -ETIMEDOUT. */

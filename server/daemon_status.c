@@ -88,7 +88,7 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_raw(&kv, "group_clocks", omv_strbuf_str(&clocks));
     omv_strbuf_fini(&clocks);
     omv_kv_int(&kv, "regroups_total", (int64_t)d->regroups_total);
-    omv_kv_int(&kv, "regroup_pending", d->regroup_to);
+    omv_kv_int(&kv, "regroup_pending", d->reconfig.pending ? d->reconfig.groups : 0);
     /* Exactly once, checked: each group step applies each shard once, and each recorded
      * gradient is summed once (or refused as not finite). */
     omv_kv_section(&kv, "shards");

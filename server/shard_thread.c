@@ -200,6 +200,14 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
             memcpy(cmd->velocity_dst + sh->offset, sh->velocity, sh->count * sizeof(float));
         reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
         break;
+    case OMV_SHARD_CMD_RESTORE:
+        if (cmd->params_src)
+            memcpy(sh->params, cmd->params_src + sh->offset, sh->count * sizeof(float));
+        if (cmd->velocity_src)
+            memcpy(sh->velocity, cmd->velocity_src + sh->offset, sh->count * sizeof(float));
+        self->version++; /* snapshots of the old parameters must not answer pulls */
+        reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
+        break;
     default:
         break;
     }

@@ -22,6 +22,7 @@ typedef enum {
     OMV_SHARD_CMD_DISCARD,
     OMV_SHARD_CMD_SERVE,  /* extra: the peer */
     OMV_SHARD_CMD_GATHER, /* copy parameters (and momentum) out, then acknowledge */
+    OMV_SHARD_CMD_RESTORE, /* copy parameters and momentum in, then acknowledge */
     OMV_SHARD_CMD_QUIT,
 } omv_shard_cmd_type_t;
 
@@ -34,13 +35,15 @@ typedef struct {
     omv_sgd_t sgd;                            /* APPLY */
     float *params_dst, *velocity_dst;         /* GATHER: whole-model arrays (velocity may be
                                                * NULL); the shard writes its range */
+    const float *params_src, *velocity_src;   /* RESTORE: whole-model arrays it reads its
+                                               * range from */
 } omv_shard_cmd_t;
 
 /* Replies, from the thread to the event loop. */
 typedef enum {
     OMV_SHARD_REPLY_OUT = 1, /* extra: peer bytes then an encoded envelope; payload: params */
     OMV_SHARD_REPLY_NOT_FINITE, /* a gradient had NaN or Inf: dropped; extra: the peer */
-    OMV_SHARD_REPLY_ACK,        /* GATHER is done */
+    OMV_SHARD_REPLY_ACK,        /* GATHER or RESTORE is done */
 } omv_shard_reply_type_t;
 
 typedef struct {
