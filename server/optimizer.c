@@ -11,7 +11,11 @@
  *           "lr", "reason".
  *   choose  the end of a stage: "stage", the chosen "g", "momentum", "lr", "reason" and
  *           "candidates" (every configuration of the stage with its outcome, score and timing).
+ *   grow    a timing run was at least he_gain faster per iteration: "from", "to", "s_per_iter",
+ *           "reason".
  *   halve   the best momentum was 0: "from", "to", "reason".
+ *   start   the first search begins: "workers", "g", "momentum", "lr" (a number, or "tune"),
+ *           "phase_steps", "probe_steps".
  *   phase_end  a phase completed its steps: "loss" (mean of its last half), "s_per_iter".
  *   phase   a phase begins: "g", "momentum", "lr", "restore" (the snapshot was put back),
  *           "reason". */
@@ -52,24 +56,24 @@ struct omv_optimizer {
 
     /* The search. */
     stage_t stage;
-    bool snap;          /* a SNAPSHOT was issued in this search */
-    double lr_ref;      /* the grid probes lr_ref and lr_ref / 10 */
-    uint32_t g_he;      /* g for hardware efficiency; 0 until measured */
-    uint32_t g_search;  /* g of the current grid */
-    uint32_t g_cur;     /* timing: largest g accepted so far */
-    double spi_cur;     /* its seconds per iteration */
-    run_t *runs;        /* [cap_runs] the search's configurations, in probe order */
+    bool snap;         /* a SNAPSHOT was issued in this search */
+    double lr_ref;     /* the grid probes lr_ref and lr_ref / 10 */
+    uint32_t g_he;     /* g for hardware efficiency; 0 until measured */
+    uint32_t g_search; /* g of the current grid */
+    uint32_t g_cur;    /* timing: largest g accepted so far */
+    double spi_cur;    /* its seconds per iteration */
+    run_t *runs;       /* [cap_runs] the search's configurations, in probe order */
     size_t n_runs, cap_runs, stage_begin, cur;
-    double *scratch;    /* [cap_runs] */
+    double *scratch; /* [cap_runs] */
 
     /* The current run (probe or phase). */
-    uint32_t budget;    /* steps of the slowest group */
+    uint32_t budget; /* steps of the slowest group */
     double run_start_s;
-    uint32_t *steps;    /* [N] steps per group */
+    uint32_t *steps; /* [N] steps per group */
     uint32_t n_reached, n_warm;
     double t0, t_last;
     uint64_t timed, timed_images;
-    double *ring;       /* [ring_cap] latest losses */
+    double *ring; /* [ring_cap] latest losses */
     size_t ring_cap;
     uint64_t n_obs;
     double first_loss;
@@ -202,8 +206,8 @@ omv_optimizer_t *omv_optimizer_new(const omv_optimizer_params_t *params)
     self->g = self->tune_g ? 0 : (uint32_t)p->groups;
     self->momentum = self->tune_m ? NAN : p->momentum;
     self->lr = self->tune_lr ? NAN : p->lr;
-    self->state = (self->tune_g || self->tune_m || self->tune_lr) ? OMV_OPT_STATE_IDLE
-                                                                   : OMV_OPT_STATE_FIXED;
+    self->state =
+        (self->tune_g || self->tune_m || self->tune_lr) ? OMV_OPT_STATE_IDLE : OMV_OPT_STATE_FIXED;
     return self;
 }
 
@@ -266,8 +270,8 @@ static void rec_candidates(omv_optimizer_t *self)
         omv_strbuf_printf(sb, "%s{\"g\":%u", i > self->stage_begin ? "," : "", r->g);
         json_num(sb, "momentum", r->momentum);
         json_num(sb, "lr", r->lr);
-        json_str(sb, "outcome", r->probed || r->out == OUT_SKIPPED ? outcome_names[r->out]
-                                                                    : "not probed");
+        json_str(sb, "outcome",
+                 r->probed || r->out == OUT_SKIPPED ? outcome_names[r->out] : "not probed");
         json_num(sb, "score", r->score);
         json_num(sb, "s_per_iter", r->spi);
         omv_strbuf_append(sb, "}", 1);
@@ -336,8 +340,7 @@ static void issue(omv_optimizer_t *self, unsigned flags, uint32_t g, double mome
 static void next_probe(omv_optimizer_t *self, double now_s);
 static void start_grid(omv_optimizer_t *self, double now_s);
 
-static run_t *add_run(omv_optimizer_t *self, stage_t stage, uint32_t g, double momentum,
-                      double lr)
+static run_t *add_run(omv_optimizer_t *self, stage_t stage, uint32_t g, double momentum, double lr)
 {
     /* cap_runs bounds every search's configurations (see omv_optimizer_new). */
     if (self->n_runs >= self->cap_runs)
@@ -442,8 +445,7 @@ static void start_phase(omv_optimizer_t *self, uint32_t g, double momentum, doub
     unsigned flags = 0;
     if (restore)
         flags |= OMV_OPT_CMD_RESTORE | OMV_OPT_CMD_DONE_SEARCH;
-    if (restore || self->gen == 0 || g != self->g || momentum != self->momentum ||
-        lr != self->lr)
+    if (restore || self->gen == 0 || g != self->g || momentum != self->momentum || lr != self->lr)
         flags |= OMV_OPT_CMD_SET;
     rec_begin(self, "phase", now_s);
     rec_config(self, g, momentum, lr);
@@ -467,7 +469,7 @@ static void cold_done(omv_optimizer_t *self, double now_s)
     } else {
         self->lr_ref = self->runs[b].lr;
         reason = self->n_runs - self->stage_begin == 1 ? "the only learning rate"
-                                                         : "lowest score (ties: larger lr)";
+                                                       : "lowest score (ties: larger lr)";
     }
     const run_t *first = &self->runs[self->stage_begin];
     rec_begin(self, "choose", now_s);
@@ -534,6 +536,13 @@ static void timing_done(omv_optimizer_t *self, const run_t *r, double now_s)
         return;
     }
     if (isfinite(r->spi) && r->spi <= (1.0 - self->p.he_gain) * self->spi_cur) {
+        rec_begin(self, "grow", now_s);
+        omv_strbuf_printf(&self->log, ",\"from\":%u,\"to\":%u", self->g_cur, r->g);
+        json_num(&self->log, "s_per_iter", r->spi);
+        snprintf(reason, sizeof(reason), "%.4g s/iter against %.4g at g=%u: at least %g%% better",
+                 r->spi, self->spi_cur, self->g_cur, self->p.he_gain * 100.0);
+        json_str(&self->log, "reason", reason);
+        rec_end(self);
         self->g_cur = r->g;
         self->spi_cur = r->spi;
         timing_next(self, now_s);
@@ -549,8 +558,9 @@ static void grid_done(omv_optimizer_t *self, double now_s)
 {
     size_t n = self->n_runs - self->stage_begin;
     long b = n == 1 ? (long)self->stage_begin : choose(self);
-    const char *reason = n == 1 ? "the only configuration" : "lowest score (ties: larger lr, "
-                                                             "then larger momentum)";
+    const char *reason = n == 1 ? "the only configuration"
+                                : "lowest score (ties: larger lr, "
+                                  "then larger momentum)";
     double m, lr;
     if (b < 0) {
         /* Every probe diverged: the least aggressive configuration. */
@@ -570,8 +580,7 @@ static void grid_done(omv_optimizer_t *self, double now_s)
     rec_end(self);
     if (self->tune_g && self->tune_m && m == 0.0 && self->g_search > 1) {
         rec_begin(self, "halve", now_s);
-        omv_strbuf_printf(&self->log, ",\"from\":%u,\"to\":%u", self->g_search,
-                          self->g_search / 2);
+        omv_strbuf_printf(&self->log, ",\"from\":%u,\"to\":%u", self->g_search, self->g_search / 2);
         json_str(&self->log, "reason",
                  "best momentum is 0: asynchrony already supplies too much momentum");
         rec_end(self);
@@ -696,6 +705,26 @@ static void begin_search(omv_optimizer_t *self, double now_s)
     self->snap = false;
     self->n_runs = self->stage_begin = 0;
     self->phase++;
+    if (first) {
+        const omv_optimizer_params_t *p = &self->p;
+        rec_begin(self, "start", now_s);
+        omv_strbuf_printf(&self->log, ",\"workers\":%u", p->workers);
+        if (self->tune_g)
+            omv_strbuf_printf(&self->log, ",\"g\":\"tune\"");
+        else
+            omv_strbuf_printf(&self->log, ",\"g\":%d", p->groups);
+        if (self->tune_m)
+            omv_strbuf_printf(&self->log, ",\"momentum\":\"tune\"");
+        else
+            json_num(&self->log, "momentum", p->momentum);
+        if (self->tune_lr)
+            omv_strbuf_printf(&self->log, ",\"lr\":\"tune\"");
+        else
+            json_num(&self->log, "lr", p->lr);
+        omv_strbuf_printf(&self->log, ",\"phase_steps\":%u,\"probe_steps\":%u", p->phase_steps,
+                          p->probe_steps);
+        rec_end(self);
+    }
     if (!first) {
         /* The schedule: the learning rate stays or drops tenfold. */
         self->lr_ref = self->tune_lr ? self->lr : self->p.lr;
@@ -767,8 +796,8 @@ int omv_optimizer_observe(omv_optimizer_t *self, const omv_opt_obs_t *obs)
         if (!isfinite(obs->loss))
             snprintf(reason, sizeof(reason), "loss %g is not finite", obs->loss);
         else if (self->n_obs >= w && !(recent <= self->p.diverge_factor * self->first_loss))
-            snprintf(reason, sizeof(reason), "mean of the last %u losses %.4g > %g x first %.4g",
-                     w, recent, self->p.diverge_factor, self->first_loss);
+            snprintf(reason, sizeof(reason), "mean of the last %u losses %.4g > %g x first %.4g", w,
+                     recent, self->p.diverge_factor, self->first_loss);
         if (reason[0]) {
             end_run(self, OUT_DIVERGED, reason, obs->now_s);
             return 0;
@@ -797,8 +826,8 @@ int omv_optimizer_poll(omv_optimizer_t *self, double now_s, omv_opt_cmd_t *ret_c
 
 void omv_optimizer_status(const omv_optimizer_t *self, omv_opt_status_t *ret_status)
 {
-    *ret_status = (omv_opt_status_t){self->state, self->phase, self->gen, self->g,
-                                     self->momentum, self->lr, self->g_he};
+    *ret_status = (omv_opt_status_t){self->state,    self->phase, self->gen, self->g,
+                                     self->momentum, self->lr,    self->g_he};
 }
 
 void omv_optimizer_describe(const omv_optimizer_t *self, omv_strbuf_t *out)
@@ -828,8 +857,7 @@ void omv_optimizer_decisions(const omv_optimizer_t *self, omv_strbuf_t *out)
     omv_strbuf_append(out, "]", 1);
 }
 
-void omv_optimizer_decisions_since(const omv_optimizer_t *self, size_t *cursor,
-                                   omv_strbuf_t *out)
+void omv_optimizer_decisions_since(const omv_optimizer_t *self, size_t *cursor, omv_strbuf_t *out)
 {
     if (*cursor > self->log.len)
         *cursor = self->log.len;

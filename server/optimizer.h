@@ -85,11 +85,11 @@ typedef struct {
 
 /* One completed group step (all of its shards applied). */
 typedef struct {
-    double now_s;   /* s, monotonic, when the step completed; never decreasing */
-    uint64_t gen;   /* gen of the last command applied before the step began (0: none yet) */
-    uint32_t group; /* < the g in effect */
-    uint64_t clock; /* the group's clock after the step (recorded only) */
-    double loss;    /* mean training loss of the step's batch; NaN or Inf allowed */
+    double now_s;    /* s, monotonic, when the step completed; never decreasing */
+    uint64_t gen;    /* gen of the last command applied before the step began (0: none yet) */
+    uint32_t group;  /* < the g in effect */
+    uint64_t clock;  /* the group's clock after the step (informational: not used) */
+    double loss;     /* mean training loss of the step's batch; NaN or Inf allowed */
     uint32_t images; /* images in the step */
 } omv_opt_obs_t;
 
@@ -110,6 +110,36 @@ typedef struct {
     uint32_t groups_he; /* g chosen for hardware efficiency (0: not measured yet) */
 } omv_opt_status_t;
 
+/* The procedure (DESIGN.md point 3), as implemented:
+ *
+ * 1. Cold start (lr tuned): g = 1 (or the fixed g), momentum cold_momentum (or the fixed one);
+ *    one probe per lr_grid value, smallest first. Best score = lr_ref.
+ * 2. Hardware efficiency (g tuned, first search only): seconds per iteration (wall time per
+ *    completed group step of the whole system, from the moment every group finished its first
+ *    warmup_steps steps of the run to its last step) at g = 1 (the cold probes' median, or a
+ *    timing run), then timing runs at g = 2, 4, ...: g doubles while it divides N and s/iter falls
+ *    by he_gain or more. Timing runs use lr_ref and momentum 0 (or the fixed one); their loss is
+ *    not scored. The result, g_he, is kept for later searches (hardware does not change).
+ * 3. Grid at g = g_he (or the fixed g): lr {lr_ref / 10, lr_ref} (or the fixed lr) x the
+ *    momentum grid (or the fixed momentum), probed in order of rising lr, then rising momentum.
+ *    A configuration identical to one already run from the same snapshot (a cold probe) reuses
+ *    its result. A probe diverges on a non-finite loss or when the mean of its last
+ *    diverge_window losses exceeds diverge_factor x its first loss; it stops at once and every
+ *    pending configuration of the same g with lr >= its lr and momentum >= its momentum is
+ *    skipped. Score: mean loss of the last half of the probe's observations (all groups). The
+ *    lowest score wins; scores within tie_rel x |best| tie, and ties go to the larger lr, then
+ *    the larger momentum. If every probe diverged: the least aggressive configuration.
+ * 4. g and momentum tuned, the winner's momentum is 0 and g > 1: g halves, step 3 again (same lr
+ *    candidates, same snapshot).
+ * 5. Phase: RESTORE the snapshot (the probes' work is discarded: every configuration was judged
+ *    from that model, and the winner's probe was not necessarily the last one run) + SET the
+ *    winner; phase_steps steps of the slowest group.
+ * 6. At the phase boundary: SNAPSHOT the current model and search again from step 3 with
+ *    lr_ref = the current lr, so the lr only stays or drops tenfold, and g from g_he.
+ * A search with nothing to compare (everything fixed but g, whose timing is done) issues no
+ * probes and no snapshot: the phase just goes on. All three fixed: the optimizer never acts.
+ * The first search costs the cold start, the timing runs and one grid per g visited; later ones
+ * one grid per g visited (8 probes by default, about 10% of a phase with the default budget). */
 typedef struct omv_optimizer omv_optimizer_t;
 
 /* Validates params (copied) and makes an optimizer. Returns NULL with errno EINVAL (a value out
@@ -138,10 +168,10 @@ void omv_optimizer_status(const omv_optimizer_t *self, omv_opt_status_t *ret_sta
 void omv_optimizer_describe(const omv_optimizer_t *self, omv_strbuf_t *out);
 
 /* Appends every decision so far as a JSON array of objects (see optimizer.c for the records:
- * "event" is "probe", "skip", "timing", "choose", "halve" or "phase"). */
+ * "event" is "start", "probe", "skip", "choose", "grow", "halve", "phase" or
+ * "phase_end"). */
 void omv_optimizer_decisions(const omv_optimizer_t *self, omv_strbuf_t *out);
 
 /* Appends the decisions recorded since *cursor as JSON lines (one object and '\n' each) and
  * advances *cursor; start with *cursor = 0. For a decisions file written as it goes. */
-void omv_optimizer_decisions_since(const omv_optimizer_t *self, size_t *cursor,
-                                   omv_strbuf_t *out);
+void omv_optimizer_decisions_since(const omv_optimizer_t *self, size_t *cursor, omv_strbuf_t *out);

@@ -302,6 +302,9 @@ START_TEST(test_groups_grow_while_faster)
     ck_assert_ptr_nonnull(strstr(sb.data, "\"stage\":\"timing\",\"g\":2,\"s_per_iter\":0.6,"
                                           "\"reason\":\"g=4: 0.57 s/iter against 0.6 at g=2, "
                                           "less than 10% better\""));
+    ck_assert_ptr_nonnull(strstr(sb.data, "\"event\":\"grow\""));
+    ck_assert_ptr_nonnull(strstr(sb.data, "\"from\":1,\"to\":2,\"s_per_iter\":0.6,\"reason\":"
+                                          "\"0.6 s/iter against 1 at g=1: at least 10% better\""));
     omv_strbuf_fini(&sb);
     sim_fini(&s);
 
@@ -684,6 +687,11 @@ START_TEST(test_decisions_json)
     omv_strbuf_t sb;
     decisions(&s, &sb);
     const char *j = sb.data;
+    ck_assert_uint_eq(strlen(j), sb.len); /* no NUL inside */
+    ck_assert_ptr_nonnull(
+        strstr(j, "[{\"event\":\"start\",\"t_s\":100,\"phase\":1,\"workers\":8,"
+                  "\"g\":\"tune\",\"momentum\":\"tune\",\"lr\":\"tune\",\"phase_steps\":200,"
+                  "\"probe_steps\":10},"));
     ck_assert_int_eq(j[0], '[');
     ck_assert_int_eq(j[sb.len - 1], ']');
     for (const char *w = j; (w = strstr(w, "\"event\":\"choose\"")) != NULL; w++) {
@@ -691,9 +699,10 @@ START_TEST(test_decisions_json)
         ck_assert_ptr_nonnull(strstr(w, "\"candidates\":[{"));
         ck_assert_ptr_nonnull(end);
     }
-    const char *need[] = {"\"event\":\"probe\"", "\"event\":\"skip\"", "\"event\":\"phase\"",
-                          "\"event\":\"phase_end\"", "\"stage\":\"cold\"", "\"stage\":\"timing\"",
-                          "\"stage\":\"grid\"", "\"score\":", "\"s_per_iter\":", "\"reason\":"};
+    const char *need[] = {"\"event\":\"probe\"",     "\"event\":\"skip\"", "\"event\":\"phase\"",
+                          "\"event\":\"phase_end\"", "\"event\":\"grow\"", "\"stage\":\"cold\"",
+                          "\"stage\":\"timing\"",    "\"stage\":\"grid\"", "\"score\":",
+                          "\"s_per_iter\":",         "\"reason\":"};
     for (size_t i = 0; i < sizeof(need) / sizeof(*need); i++)
         ck_assert_msg(strstr(j, need[i]) != NULL, "no %s", need[i]);
     /* Valid JSON numbers only, balanced brackets outside strings. */
