@@ -55,6 +55,11 @@ typedef struct {
     double eval_every_epochs; /* 0: only at the end */
     int64_t eval_batch_size;
     double progress_interval_s;
+    /* [optimizer] */
+    int optimizer;               /* tune groups, momentum and learning rate while training */
+    int tune_groups, tune_momentum, tune_learning_rate; /* else the job's value is kept */
+    int64_t phase_steps;         /* steps of the slowest group per phase */
+    int64_t probe_steps;         /* per probe; 0: phase_steps / 80 */
     /* [checkpoint] */
     char checkpoint_dir[OMV_JOB_PATH_MAX]; /* empty: <state_dir>/checkpoints/<name> */
     double checkpoint_every_s;             /* 0: not by time */

@@ -44,6 +44,8 @@ const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing",
 #define EXIT_SETTLE_MS 2000
 
 static int try_reconfig(omv_daemon_t *d);
+static int group_begun(const omv_daemon_t *d, uint32_t g);
+static void finish(omv_daemon_t *d, job_state_t state, const char *why);
 
 static double now_s(void)
 {
@@ -131,6 +133,8 @@ static void send_params(omv_daemon_t *d, member_t *m, uint64_t step)
             d->staleness_max_observed = step - c;
     }
     /* The group's batch is the job's, whoever is in it: its live members share it. */
+    m->served = 1;
+    m->served_step = step;
     uint32_t live = omv_groups_live(d->groups, group);
     uint32_t batch = (uint32_t)d->job.batch_size / (live ? live : 1);
     /* Each shard's thread answers with a snapshot of its part, sent without a copy; commands
@@ -300,9 +304,19 @@ static void on_advance(void *ctx, uint32_t group, uint64_t clock)
 {
     omv_daemon_t *d = ctx;
     (void)clock;
-    d->images_total += d->group_images[group];
+    uint64_t images = d->group_images[group];
+    double loss = d->group_loss_n[group] ? d->group_loss_sum[group] / d->group_loss_n[group] : NAN;
+    /* A probe's steps are thrown away when the optimizer restores its snapshot: they do not
+     * count as training. */
+    if (omv_daemon_opt_probing(d))
+        d->probe_images_total += images;
+    else
+        d->images_total += images;
     d->group_images[group] = 0;
+    d->group_loss_sum[group] = 0;
+    d->group_loss_n[group] = 0;
     d->steps_total++;
+    omv_daemon_opt_step(d, group, loss, images);
 }
 
 static void on_retire(void *ctx, uint32_t group)
@@ -438,6 +452,10 @@ static void start_job(omv_daemon_t *d, const char *why)
     d->ckpt_last_s = d->start_s;
     d->ckpt_last_step = omv_groups_min_clock(d->groups);
     assign_slices(d);
+    if (omv_daemon_opt_start(d) < 0) {
+        finish(d, JOB_FAILED, "the optimizer cannot start (see the log)");
+        return;
+    }
     omv_log_info("job '%s' running%s: %d workers in %lld groups, staleness %s, until %llu "
                  "images (%.2f epochs) are done",
                  d->job.name, why, omv_daemon_live_trainers(d), (long long)d->job.groups,
@@ -482,7 +500,8 @@ static void progress(omv_daemon_t *d)
             omv_log_info("training finished after %.1f s; final evaluation",
                          omv_daemon_train_seconds(d));
             request_eval(d);
-        } else if (d->job.eval_every_epochs > 0 && omv_daemon_epoch(d) >= d->next_eval_epoch) {
+        } else if (d->job.eval_every_epochs > 0 && omv_daemon_epoch(d) >= d->next_eval_epoch &&
+                   !omv_daemon_opt_probing(d)) {
             while (d->next_eval_epoch <= omv_daemon_epoch(d))
                 d->next_eval_epoch += d->job.eval_every_epochs;
             request_eval(d);
@@ -503,13 +522,16 @@ static void progress(omv_daemon_t *d)
     omv_daemon_checkpoint_if_due(d);
     if (d->state != JOB_RUNNING)
         return;
-    if (d->reconfig.pending && !try_reconfig(d))
-        return; /* pulls wait until every group is between steps */
+    /* With a change pending, only groups that began their step may finish it; the others wait
+     * for the change. */
+    int holding = d->reconfig.pending && !try_reconfig(d);
     for (uint32_t i = 0; i < d->n_members; i++) {
         member_t *m = &d->members[i];
         if (m->state != MEMBER_ALIVE || !m->parked)
             continue;
         int g = omv_groups_of(d->groups, m->slot);
+        if (holding && (g < 0 || !group_begun(d, (uint32_t)g)))
+            continue;
         if (g >= 0 && omv_groups_may_begin(d->groups, (uint32_t)g, m->parked_step)) {
             m->parked = 0;
             send_params(d, m, m->parked_step);
@@ -550,6 +572,8 @@ void omv_daemon_request_reconfig(omv_daemon_t *d, const omv_reconfig_t *rc)
     }
     p->snapshot |= rc->snapshot;
     p->restore |= rc->restore;
+    if (rc->opt_gen)
+        p->opt_gen = rc->opt_gen;
     p->pending = 1;
 }
 
@@ -583,6 +607,20 @@ static void regroup_now(omv_daemon_t *d, uint32_t g, uint64_t clock, int live)
                  (unsigned long long)clock);
 }
 
+/* Whether some member of group g was sent the parameters of the group's current step: the
+ * group began it, and all its members must be able to finish it. */
+static int group_begun(const omv_daemon_t *d, uint32_t g)
+{
+    uint64_t clock = omv_groups_clock(d->groups, g);
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        const member_t *m = &d->members[i];
+        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER && m->served &&
+            m->served_step == clock && omv_groups_of(d->groups, m->slot) == (int)g)
+            return 1;
+    }
+    return 0;
+}
+
 /* Applies the pending change when every live trainer waits for its next step and no group is
  * mid-step: nothing is in flight, so no gradient can be lost or counted twice, and a restored
  * model is what every next step reads. Returns whether pulls may be served. */
@@ -597,7 +635,8 @@ static int try_reconfig(omv_daemon_t *d)
         if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
             continue;
         int g = omv_groups_of(d->groups, m->slot);
-        if (g < 0 || !m->parked || m->parked_step != omv_groups_clock(d->groups, (uint32_t)g))
+        if (g < 0 || !m->parked || m->parked_step != omv_groups_clock(d->groups, (uint32_t)g) ||
+            group_begun(d, (uint32_t)g))
             return 0; /* still computing, or its group is not done */
         uint64_t c = omv_groups_clock(d->groups, (uint32_t)g);
         clock = c > clock ? c : clock;
@@ -620,8 +659,12 @@ static int try_reconfig(omv_daemon_t *d)
     else if (rc.restore)
         /* Every group starts again from the same model: a common clock keeps the bound. */
         regroup_now(d, omv_groups_count(d->groups), clock, live);
-    if (rc.set_sgd)
+    if (rc.set_sgd) {
         d->sgd = rc.sgd;
+        omv_log_info("momentum %g, learning rate %g from step %llu", d->sgd.momentum,
+                     d->sgd.learning_rate, (unsigned long long)clock);
+    }
+    omv_daemon_opt_applied(d, rc.opt_gen);
     /* Everyone waits for the common clock: their next pull is for it. */
     for (uint32_t i = 0; i < d->n_members; i++)
         if (d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER &&
@@ -809,6 +852,8 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
         if (finite) {
             m->images += p->samples;
             d->group_images[group] += p->samples;
+            d->group_loss_sum[group] += p->loss;
+            d->group_loss_n[group]++;
             d->loss_sum += p->loss;
             d->loss_n++;
             d->last_loss = p->loss;
@@ -975,6 +1020,7 @@ static void cron(omv_daemon_t *d)
         d->loss_sum = 0;
         d->loss_n = 0;
     }
+    omv_daemon_opt_poll(d);
     omv_daemon_notify_status(d); /* systemd's STATUS= line (rate-limited) */
 }
 
@@ -1047,6 +1093,10 @@ static int setup_job(omv_daemon_t *d)
     /* Room for as many groups as there are slots: regrouping may use them. */
     uint32_t max_groups = d->n_slots > (uint32_t)j->groups ? d->n_slots : (uint32_t)j->groups;
     d->group_images = calloc(max_groups, sizeof(uint64_t));
+    d->group_loss_sum = calloc(max_groups, sizeof(double));
+    d->group_loss_n = calloc(max_groups, sizeof(uint32_t));
+    if (!d->group_loss_sum || !d->group_loss_n)
+        return -ENOMEM;
     d->members = calloc(d->n_members_max, sizeof(member_t));
     d->threads = calloc(d->n_shards, sizeof(*d->threads));
     d->gather_params = malloc(d->layout.param_count * sizeof(float));
@@ -1167,6 +1217,9 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     free(d->gather_velocity);
     free(d->probe_params);
     free(d->probe_velocity);
+    free(d->group_loss_sum);
+    free(d->group_loss_n);
+    omv_daemon_opt_stop(d);
     free(d->members);
     free(d->group_images);
     free(d->history);

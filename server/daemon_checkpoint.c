@@ -94,7 +94,9 @@ out:
 
 void omv_daemon_checkpoint_if_due(omv_daemon_t *d)
 {
-    if (d->ckpt_due && d->ckpt_enabled && omv_groups_settled(d->groups))
+    /* During a probe the shards hold a probe's model, which is thrown away: wait for the phase. */
+    if (d->ckpt_due && d->ckpt_enabled && omv_groups_settled(d->groups) &&
+        !omv_daemon_opt_probing(d))
         omv_daemon_checkpoint(d, d->state == JOB_DONE);
 }
 

@@ -9,6 +9,7 @@
 #include "daemon.h"
 #include "groups.h"
 #include "model.h"
+#include "optimizer.h"
 #include "router.h"
 #include "shard.h"
 #include "shard_thread.h"
@@ -38,6 +39,8 @@ typedef struct {
     uint32_t slice_begin, slice_count; /* its part of the training set now */
     int parked;                        /* a pull is waiting */
     uint64_t parked_step;
+    int served;                        /* it was sent parameters at least once */
+    uint64_t served_step;              /* the step it was last sent parameters for */
 } member_t;
 
 typedef struct {
@@ -52,7 +55,17 @@ typedef struct {
     omv_sgd_t sgd;
     int snapshot;     /* save parameters and momentum as the probe base */
     int restore;      /* put the probe base back (before anything else) */
+    uint64_t opt_gen; /* the optimizer's command this carries out (0: none) */
 } omv_reconfig_t;
+
+/* A configuration the optimizer ran a phase with, for the summary. */
+typedef struct {
+    uint32_t phase, groups;
+    double momentum, learning_rate;
+    double epoch; /* when it started */
+} opt_phase_t;
+
+#define OMV_DAEMON_MAX_PHASES 64
 
 struct omv_daemon {
     omv_daemon_config_t cfg;
@@ -100,6 +113,18 @@ struct omv_daemon {
     uint64_t last_line_images;
     uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
     omv_reconfig_t reconfig;         /* applied when every group is between steps */
+
+    /* The optimizer (issue 5), when the job turns it on. */
+    omv_optimizer_t *opt;
+    uint64_t opt_gen;   /* the generation of the last command carried out */
+    size_t opt_cursor;  /* decisions already written to the decisions file */
+    FILE *decisions;    /* CKPT_DIR/decisions.jsonl */
+    char decisions_path[OMV_JOB_PATH_MAX + 32];
+    double *group_loss_sum; /* [max groups] losses of the group's current step */
+    uint32_t *group_loss_n;
+    uint64_t probe_images_total; /* images of probes: thrown away, not counted as training */
+    opt_phase_t phases[OMV_DAEMON_MAX_PHASES];
+    uint32_t n_phases;
     uint64_t regroups_total;
     uint64_t pushes_recorded_total;  /* gradients recorded in the groups' bookkeeping, all shards */
     char fail_reason[256];
@@ -150,6 +175,21 @@ int omv_daemon_settle(omv_daemon_t *d, int timeout_ms);
  * gather_params (gather_velocity): every update applied so far is in it. Returns 0 or a
  * negative errno. Before the threads start, copies from the shards directly. */
 int omv_daemon_gather(omv_daemon_t *d, int velocity);
+
+/* daemon_optimizer.c */
+/* Starts the optimizer when the job asks for it (at the job's start). Returns 0 or -errno. */
+int omv_daemon_opt_start(omv_daemon_t *d);
+/* A group finished a step with mean training loss `loss`. */
+void omv_daemon_opt_step(omv_daemon_t *d, uint32_t group, double loss, uint64_t images);
+/* Asks the optimizer for its next command (also from the cron). */
+void omv_daemon_opt_poll(omv_daemon_t *d);
+/* The optimizer's command gen was carried out between steps. */
+void omv_daemon_opt_applied(omv_daemon_t *d, uint64_t gen);
+/* Whether a probe runs (the model is a probe's: no evaluations, checkpoints, or counting). */
+int omv_daemon_opt_probing(const omv_daemon_t *d);
+void omv_daemon_opt_stop(omv_daemon_t *d);
+/* The optimizer's state and decisions for status, the summary and `omnivorectl optimizer`. */
+void omv_daemon_opt_report(omv_daemon_t *d, omv_strbuf_t *out, int json);
 
 /* daemon_status.c: the control socket's commands. */
 int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply);

@@ -48,6 +48,15 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_str(&kv, "name", d->job.name);
     omv_kv_str(&kv, "file", d->job_path);
     omv_kv_str(&kv, "state", omv_daemon_state_names[d->state]);
+    if (d->opt) {
+        omv_strbuf_t line;
+        omv_strbuf_init(&line);
+        omv_optimizer_describe(d->opt, &line);
+        omv_kv_str(&kv, "optimizer", omv_strbuf_str(&line));
+        omv_strbuf_fini(&line);
+    } else {
+        omv_kv_str(&kv, "optimizer", "off");
+    }
     if (d->state == JOB_FAILED)
         omv_kv_str(&kv, "reason", d->fail_reason);
     omv_kv_double(&kv, "epoch", omv_daemon_epoch(d), 3);
@@ -364,6 +373,15 @@ static void reply_summary(omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_strbuf_json_string(out, d->ckpt_last_path);
         omv_strbuf_append(out, ",\"resumed_from\":", 16);
         omv_strbuf_json_string(out, d->ckpt_resumed_from);
+        if (d->opt) {
+            omv_strbuf_t opt;
+            omv_strbuf_init(&opt);
+            omv_daemon_opt_report(d, &opt, 1);
+            const char *o = omv_strbuf_str(&opt);
+            omv_strbuf_append(out, ",\"optimizer\":", 13);
+            omv_strbuf_append(out, o, strlen(o) - (strlen(o) && o[strlen(o) - 1] == '\n'));
+            omv_strbuf_fini(&opt);
+        }
         omv_strbuf_append(out, ",\"history\":", 11);
         history_json(d, out);
         omv_strbuf_append(out, "}\n", 2);
@@ -384,6 +402,17 @@ static void reply_summary(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_str(&kv, "checkpoint", d->ckpt_last_path);
     if (d->ckpt_resumed_from[0])
         omv_kv_str(&kv, "resumed_from", d->ckpt_resumed_from);
+    if (d->opt) {
+        omv_kv_section(&kv, "phases");
+        for (uint32_t i = 0; i < d->n_phases; i++) {
+            char key[32], val[160];
+            snprintf(key, sizeof(key), "phase_%u", d->phases[i].phase);
+            snprintf(val, sizeof(val), "groups=%u momentum=%g learning_rate=%g from_epoch=%.2f",
+                     d->phases[i].groups, d->phases[i].momentum, d->phases[i].learning_rate,
+                     d->phases[i].epoch);
+            omv_kv_str(&kv, key, val);
+        }
+    }
     omv_kv_section(&kv, "history");
     for (size_t i = 0; i < d->n_history; i++) {
         char key[32], val[128];
@@ -425,6 +454,8 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
             return -EINVAL;
         }
         reply_metrics(d, reply);
+    } else if (strcmp(argv[0], "optimizer") == 0) {
+        omv_daemon_opt_report(d, reply, json);
     } else if (strcmp(argv[0], "regroup") == 0) {
         char *end = NULL;
         long g = number ? strtol(number, &end, 10) : 0;
@@ -484,7 +515,7 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         omv_strbuf_printf(reply, "shutting down\n");
     } else if (strcmp(argv[0], "help") == 0) {
         omv_strbuf_printf(reply, "commands: status, workers, groups, metrics, summary, "
-                                 "checkpoint, shutdown, help (--json for JSON, but not "
+                                 "checkpoint, optimizer, regroup G, shutdown, help (--json for JSON, but not "
                                  "metrics)\n");
     } else {
         omv_strbuf_printf(reply, "unknown command '%s'; try 'help'", argv[0]);

@@ -48,6 +48,7 @@ static void usage(FILE *out)
             "              terminal; until Ctrl-C, or N times with --count\n"
             "  summary     the job's result and evaluation history\n"
             "  checkpoint  write a checkpoint now and print its path\n"
+            "  optimizer   the optimizer's state, the configuration of each phase, its decisions\n"
             "  regroup G   use G compute groups from the next step boundary (1 to the workers)\n"
             "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
             "              wait for it to come back (a finished job's workers have exited)\n"
@@ -539,7 +540,7 @@ int main(int argc, char **argv)
         return 0;
     }
     static const char *const known[] = {"status",     "workers",  "groups",  "metrics", "summary",
-                                        "checkpoint", "shutdown", "regroup"};
+                                        "checkpoint", "shutdown", "regroup",  "optimizer"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
         ok |= strcmp(cmd, known[k]) == 0;
