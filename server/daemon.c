@@ -43,8 +43,6 @@ const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing",
  * last checkpoint holds whole steps. */
 #define EXIT_SETTLE_MS 2000
 
-static int try_reconfig(omv_daemon_t *d);
-static int group_begun(const omv_daemon_t *d, uint32_t g);
 static void finish(omv_daemon_t *d, job_state_t state, const char *why);
 
 static double now_s(void)
@@ -102,7 +100,7 @@ static void send_to(omv_daemon_t *d, member_t *m, const omv_peer_t *peer, const 
                       member_id(d, m), omv_strerror(r));
 }
 
-static void refuse(omv_daemon_t *d, const omv_peer_t *peer, omv_refuse_t code, const char *who,
+void omv_daemon_refuse(omv_daemon_t *d, const omv_peer_t *peer, omv_refuse_t code, const char *who,
                    const char *reason)
 {
     uint64_t n = ++d->refused[code];
@@ -144,150 +142,6 @@ static void send_params(omv_daemon_t *d, member_t *m, uint64_t step)
                            .slice_count = m->slice_count, .batch = batch ? batch : 1};
     for (uint32_t s = 0; s < d->n_shards; s++)
         omv_shard_thread_send(d->threads[s], &cmd, &m->peer, NULL);
-}
-
-/* ---- the shard threads' replies ---- */
-
-/* Handles one reply; OUT's payload is sent on (taken). Counts an acknowledgement in *acks. */
-static void on_shard_reply(omv_daemon_t *d, const omv_shard_reply_t *rep, size_t extra_len,
-                           omv_payload_t *payload, int has_payload, int *acks)
-{
-    omv_peer_t peer = {.len = 0};
-    size_t peer_len = rep->peer_len <= extra_len && rep->peer_len <= sizeof(peer.id)
-                          ? rep->peer_len
-                          : 0;
-    memcpy(peer.id, d->pipe_extra, peer_len);
-    peer.len = peer_len;
-    switch (rep->type) {
-    case OMV_SHARD_REPLY_OUT: {
-        int r = omv_router_send_raw(d->router, &peer, d->pipe_extra + peer_len,
-                                    extra_len - peer_len, has_payload ? payload : NULL);
-        if (r < 0)
-            omv_log_debug("cannot send parameters to worker %u: %s", rep->worker_id,
-                          omv_strerror(r));
-        return;
-    }
-    case OMV_SHARD_REPLY_NOT_FINITE: {
-        char who[64], why[OMV_WIRE_REASON_MAX];
-        snprintf(who, sizeof(who), "worker %u", rep->worker_id);
-        snprintf(why, sizeof(why), "gradient of step %llu shard %u has NaN or Inf values; "
-                 "dropped, the model is unchanged", (unsigned long long)rep->step, rep->shard);
-        refuse(d, &peer, OMV_REFUSE_NOT_FINITE, who, why);
-        break;
-    }
-    case OMV_SHARD_REPLY_ACK:
-        if (acks)
-            (*acks)--;
-        break;
-    default:
-        break;
-    }
-    if (has_payload)
-        omv_payload_close(payload);
-}
-
-/* Handles the replies waiting on shard s's pipe, waiting up to timeout_ms for the first. */
-static int drain_pipe(omv_daemon_t *d, uint32_t s, int timeout_ms, int *acks)
-{
-    for (int n = 0;; n++) {
-        omv_shard_reply_t rep;
-        size_t len, extra_len;
-        omv_payload_t payload;
-        int has_payload;
-        int r = omv_pipe_recv(omv_shard_thread_pipe(d->threads[s]), &rep, sizeof(rep), &len,
-                              d->pipe_extra, sizeof(d->pipe_extra), &extra_len, &payload,
-                              &has_payload, n == 0 ? timeout_ms : 0);
-        if (r < 0)
-            return r == -EAGAIN ? 0 : r;
-        if (len != sizeof(rep)) {
-            if (has_payload)
-                omv_payload_close(&payload);
-            continue;
-        }
-        on_shard_reply(d, &rep, extra_len, &payload, has_payload, acks);
-        if (acks && *acks == 0)
-            return 0;
-    }
-}
-
-static void drain_pipes(omv_daemon_t *d)
-{
-    for (uint32_t s = 0; s < d->n_shards; s++)
-        drain_pipe(d, s, 0, NULL);
-}
-
-/* Sends cmd to every shard (or does it here before the threads start) and waits for all the
- * acknowledgements. */
-static int to_all_shards(omv_daemon_t *d, const omv_shard_cmd_t *cmd)
-{
-    for (uint32_t s = 0; s < d->n_shards; s++) {
-        omv_shard_t *sh = &d->shards[s];
-        if (d->threads == NULL || d->threads[s] == NULL) {
-            if (cmd->params_dst)
-                memcpy(cmd->params_dst + sh->offset, sh->params, sh->count * sizeof(float));
-            if (cmd->velocity_dst)
-                memcpy(cmd->velocity_dst + sh->offset, sh->velocity, sh->count * sizeof(float));
-            if (cmd->params_src)
-                memcpy(sh->params, cmd->params_src + sh->offset, sh->count * sizeof(float));
-            if (cmd->velocity_src)
-                memcpy(sh->velocity, cmd->velocity_src + sh->offset, sh->count * sizeof(float));
-            continue;
-        }
-        int r = omv_shard_thread_send(d->threads[s], cmd, NULL, NULL);
-        if (r < 0)
-            return r;
-    }
-    for (uint32_t s = 0; d->threads && s < d->n_shards; s++) {
-        if (d->threads[s] == NULL)
-            continue;
-        /* Replies queued before the acknowledgement are handled on the way. */
-        int acks = 1;
-        int64_t deadline = omv_time_ms() + 10000;
-        while (acks > 0) {
-            int r = drain_pipe(d, s, 100, &acks);
-            if (r < 0)
-                return r;
-            if (acks > 0 && omv_time_ms() > deadline) {
-                omv_log_error("shard %u did not answer within 10 s", s);
-                return -ETIMEDOUT;
-            }
-        }
-    }
-    return 0;
-}
-
-int omv_daemon_gather(omv_daemon_t *d, int velocity)
-{
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = d->gather_params,
-                           .velocity_dst = velocity ? d->gather_velocity : NULL};
-    return to_all_shards(d, &cmd);
-}
-
-/* Saves the model and its momentum as the probe base (snapshot) or puts them back (restore). */
-static int probe_base(omv_daemon_t *d, int restore)
-{
-    size_t n = d->layout.param_count;
-    if (d->probe_params == NULL) {
-        if (restore)
-            return -ENOENT;
-        d->probe_params = malloc(n * sizeof(float));
-        d->probe_velocity = malloc(n * sizeof(float));
-        if (d->probe_params == NULL || d->probe_velocity == NULL) {
-            free(d->probe_params);
-            free(d->probe_velocity);
-            d->probe_params = d->probe_velocity = NULL;
-            return -ENOMEM;
-        }
-    }
-    omv_shard_cmd_t cmd = {.type = restore ? OMV_SHARD_CMD_RESTORE : OMV_SHARD_CMD_GATHER};
-    if (restore) {
-        cmd.params_src = d->probe_params;
-        cmd.velocity_src = d->probe_velocity;
-    } else {
-        cmd.params_dst = d->probe_params;
-        cmd.velocity_dst = d->probe_velocity;
-    }
-    return to_all_shards(d, &cmd);
 }
 
 /* ---- groups' events ---- */
@@ -524,153 +378,19 @@ static void progress(omv_daemon_t *d)
         return;
     /* With a change pending, only groups that began their step may finish it; the others wait
      * for the change. */
-    int holding = d->reconfig.pending && !try_reconfig(d);
+    int holding = d->reconfig.pending && !omv_daemon_try_reconfig(d);
     for (uint32_t i = 0; i < d->n_members; i++) {
         member_t *m = &d->members[i];
         if (m->state != MEMBER_ALIVE || !m->parked)
             continue;
         int g = omv_groups_of(d->groups, m->slot);
-        if (holding && (g < 0 || !group_begun(d, (uint32_t)g)))
+        if (holding && (g < 0 || !omv_daemon_group_begun(d, (uint32_t)g)))
             continue;
         if (g >= 0 && omv_groups_may_begin(d->groups, (uint32_t)g, m->parked_step)) {
             m->parked = 0;
             send_params(d, m, m->parked_step);
         }
     }
-}
-
-/* ---- regrouping ---- */
-
-int omv_daemon_request_regroup(omv_daemon_t *d, uint32_t g, char *why, size_t cap)
-{
-    uint32_t live = (uint32_t)omv_daemon_live_trainers(d);
-    if (d->state != JOB_RUNNING && d->state != JOB_WAITING) {
-        snprintf(why, cap, "job '%s' is %s: nothing to regroup", d->job.name,
-                 omv_daemon_state_names[d->state]);
-        return -EAGAIN;
-    }
-    uint32_t most = live > 0 ? live : (uint32_t)d->job.workers;
-    if (g < 1 || g > most || g > omv_groups_max(d->groups)) {
-        snprintf(why, cap, "%u groups for %u workers: give 1 to %u", g, live, most);
-        return -EINVAL;
-    }
-    omv_reconfig_t rc = {.groups = g};
-    omv_daemon_request_reconfig(d, &rc);
-    omv_log_info("regroup to %u groups requested (now %u); it happens between steps", g,
-                 omv_groups_count(d->groups));
-    return 0;
-}
-
-void omv_daemon_request_reconfig(omv_daemon_t *d, const omv_reconfig_t *rc)
-{
-    omv_reconfig_t *p = &d->reconfig;
-    if (rc->groups)
-        p->groups = rc->groups;
-    if (rc->set_sgd) {
-        p->set_sgd = 1;
-        p->sgd = rc->sgd;
-    }
-    p->snapshot |= rc->snapshot;
-    p->restore |= rc->restore;
-    if (rc->opt_gen)
-        p->opt_gen = rc->opt_gen;
-    p->pending = 1;
-}
-
-/* Regroups the live trainers round-robin into g groups that all start at clock. */
-static void regroup_now(omv_daemon_t *d, uint32_t g, uint64_t clock, int live)
-{
-    if (live > 0 && g > (uint32_t)live)
-        g = (uint32_t)live;
-    int32_t *group_of = malloc(d->n_slots * sizeof(int32_t));
-    if (group_of == NULL) {
-        omv_log_error("regroup to %u groups: out of memory", g);
-        return;
-    }
-    for (uint32_t s = 0; s < d->n_slots; s++)
-        group_of[s] = -1;
-    uint32_t k = 0;
-    for (uint32_t i = 0; i < d->n_members; i++) {
-        member_t *m = &d->members[i];
-        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER)
-            group_of[m->slot] = (int32_t)(k++ % g);
-    }
-    uint32_t before = omv_groups_count(d->groups);
-    int r = omv_groups_regroup(d->groups, g, group_of, clock);
-    free(group_of);
-    if (r < 0) {
-        omv_log_error("regroup to %u groups failed: %s", g, omv_strerror(r));
-        return;
-    }
-    d->regroups_total++;
-    omv_log_info("regrouped: %u groups (was %u) of %d workers, from step %llu", g, before, live,
-                 (unsigned long long)clock);
-}
-
-/* Whether some member of group g was sent the parameters of the group's current step: the
- * group began it, and all its members must be able to finish it. */
-static int group_begun(const omv_daemon_t *d, uint32_t g)
-{
-    uint64_t clock = omv_groups_clock(d->groups, g);
-    for (uint32_t i = 0; i < d->n_members; i++) {
-        const member_t *m = &d->members[i];
-        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER && m->served &&
-            m->served_step == clock && omv_groups_of(d->groups, m->slot) == (int)g)
-            return 1;
-    }
-    return 0;
-}
-
-/* Applies the pending change when every live trainer waits for its next step and no group is
- * mid-step: nothing is in flight, so no gradient can be lost or counted twice, and a restored
- * model is what every next step reads. Returns whether pulls may be served. */
-static int try_reconfig(omv_daemon_t *d)
-{
-    if (!omv_groups_idle(d->groups))
-        return 0;
-    uint64_t clock = 0;
-    int live = 0;
-    for (uint32_t i = 0; i < d->n_members; i++) {
-        const member_t *m = &d->members[i];
-        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
-            continue;
-        int g = omv_groups_of(d->groups, m->slot);
-        if (g < 0 || !m->parked || m->parked_step != omv_groups_clock(d->groups, (uint32_t)g) ||
-            group_begun(d, (uint32_t)g))
-            return 0; /* still computing, or its group is not done */
-        uint64_t c = omv_groups_clock(d->groups, (uint32_t)g);
-        clock = c > clock ? c : clock;
-        live++;
-    }
-    omv_reconfig_t rc = d->reconfig;
-    memset(&d->reconfig, 0, sizeof(d->reconfig));
-    if (rc.restore) {
-        int r = probe_base(d, 1);
-        if (r < 0)
-            omv_log_error("cannot restore the probe base: %s", omv_strerror(r));
-    }
-    if (rc.snapshot) {
-        int r = probe_base(d, 0);
-        if (r < 0)
-            omv_log_error("cannot save the probe base: %s", omv_strerror(r));
-    }
-    if (rc.groups)
-        regroup_now(d, rc.groups, clock, live);
-    else if (rc.restore)
-        /* Every group starts again from the same model: a common clock keeps the bound. */
-        regroup_now(d, omv_groups_count(d->groups), clock, live);
-    if (rc.set_sgd) {
-        d->sgd = rc.sgd;
-        omv_log_info("momentum %g, learning rate %g from step %llu", d->sgd.momentum,
-                     d->sgd.learning_rate, (unsigned long long)clock);
-    }
-    omv_daemon_opt_applied(d, rc.opt_gen);
-    /* Everyone waits for the common clock: their next pull is for it. */
-    for (uint32_t i = 0; i < d->n_members; i++)
-        if (d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER &&
-            (rc.groups || rc.restore))
-            d->members[i].parked_step = clock;
-    return 1;
 }
 
 /* ---- message handlers ---- */
@@ -707,7 +427,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         snprintf(why, sizeof(why),
                  "protocol version %u is not supported: this daemon speaks version %d",
                  h->protocol_version, OMV_PROTOCOL_VERSION);
-        refuse(d, peer, OMV_REFUSE_VERSION, who, why);
+        omv_daemon_refuse(d, peer, OMV_REFUSE_VERSION, who, why);
         return;
     }
     if (d->state == JOB_DONE || d->state == JOB_FAILED || d->state == JOB_FINISHING) {
@@ -725,16 +445,16 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
             char why[OMV_WIRE_REASON_MAX];
             snprintf(why, sizeof(why), "job '%s' has no room for another worker (%u slots)",
                      d->job.name, d->n_slots);
-            refuse(d, peer, OMV_REFUSE_FULL, who, why);
+            omv_daemon_refuse(d, peer, OMV_REFUSE_FULL, who, why);
             return;
         }
     } else if (d->evaluator != 0) {
-        refuse(d, peer, OMV_REFUSE_ROLE, who, "an evaluator is already connected");
+        omv_daemon_refuse(d, peer, OMV_REFUSE_ROLE, who, "an evaluator is already connected");
         return;
     }
     int index = free_record(d);
     if (index < 0) {
-        refuse(d, peer, OMV_REFUSE_FULL, who, "no member record is free");
+        omv_daemon_refuse(d, peer, OMV_REFUSE_FULL, who, "no member record is free");
         return;
     }
     member_t *m = &d->members[index];
@@ -787,7 +507,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
 static void on_pull(omv_daemon_t *d, member_t *m, const omv_pull_t *p)
 {
     if (m->role != OMV_ROLE_TRAINER) {
-        refuse(d, &m->peer, OMV_REFUSE_ROLE, m->host, "an evaluator does not pull");
+        omv_daemon_refuse(d, &m->peer, OMV_REFUSE_ROLE, m->host, "an evaluator does not pull");
         return;
     }
     int g = omv_groups_of(d->groups, m->slot);
@@ -797,7 +517,7 @@ static void on_pull(omv_daemon_t *d, member_t *m, const omv_pull_t *p)
         snprintf(why, sizeof(why), "pull for step %llu but group %d is at step %llu%s",
                  (unsigned long long)p->step, g, (unsigned long long)clock,
                  m->parked ? " and a pull is already waiting" : "");
-        refuse(d, &m->peer, OMV_REFUSE_STEP, m->host, why);
+        omv_daemon_refuse(d, &m->peer, OMV_REFUSE_STEP, m->host, why);
         return;
     }
     /* Answered by progress() once the group and the bound allow; at the end, Stop answers. */
@@ -811,7 +531,7 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
     char who[96];
     snprintf(who, sizeof(who), "worker %u \"%s\"", member_id(d, m), m->host);
     if (m->role != OMV_ROLE_TRAINER) {
-        refuse(d, &m->peer, OMV_REFUSE_ROLE, who, "an evaluator does not push");
+        omv_daemon_refuse(d, &m->peer, OMV_REFUSE_ROLE, who, "an evaluator does not push");
         return;
     }
     if (d->state == JOB_FINISHING || d->state == JOB_DONE) {
@@ -822,19 +542,19 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
     if (d->state != JOB_RUNNING) {
         snprintf(why, sizeof(why), "gradient while the job is %s",
                  omv_daemon_state_names[d->state]);
-        refuse(d, &m->peer, OMV_REFUSE_STEP, who, why);
+        omv_daemon_refuse(d, &m->peer, OMV_REFUSE_STEP, who, why);
         return;
     }
     omv_refuse_t code = omv_groups_check_push(d->groups, m->slot, p->step, p->shard, why);
     if (code != OMV_REFUSE_NONE) {
-        refuse(d, &m->peer, code, who, why);
+        omv_daemon_refuse(d, &m->peer, code, who, why);
         return;
     }
     omv_shard_t *sh = &d->shards[p->shard];
     if (p->offset != sh->offset || p->count != sh->count) {
         snprintf(why, sizeof(why), "shard %u holds [%u, +%u) but the gradient is [%u, +%u)",
                  p->shard, sh->offset, sh->count, p->offset, p->count);
-        refuse(d, &m->peer, OMV_REFUSE_SHAPE, who, why);
+        omv_daemon_refuse(d, &m->peer, OMV_REFUSE_SHAPE, who, why);
         return;
     }
     uint32_t group = (uint32_t)omv_groups_of(d->groups, m->slot);
@@ -866,7 +586,7 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
 static void on_eval_result(omv_daemon_t *d, member_t *m, const omv_eval_result_t *e)
 {
     if (!d->eval_busy || e->eval_id != d->eval_id || e->total == 0 || e->correct > e->total) {
-        refuse(d, &m->peer, OMV_REFUSE_STEP, m->host, "evaluation result that was not asked for");
+        omv_daemon_refuse(d, &m->peer, OMV_REFUSE_STEP, m->host, "evaluation result that was not asked for");
         return;
     }
     d->eval_busy = 0;
@@ -928,7 +648,7 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     default: {
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "a worker may not send %s", omv_msg_name(msg->type));
-        refuse(d, peer, OMV_REFUSE_MALFORMED, "a peer", why);
+        omv_daemon_refuse(d, peer, OMV_REFUSE_MALFORMED, "a peer", why);
         return;
     }
     }
@@ -939,7 +659,7 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "%s from worker id %u, which is not registered from this peer"
                  " (or was declared dead): register again", omv_msg_name(msg->type), id);
-        refuse(d, peer, OMV_REFUSE_UNKNOWN_WORKER, "a peer", why);
+        omv_daemon_refuse(d, peer, OMV_REFUSE_UNKNOWN_WORKER, "a peer", why);
         return;
     }
     m->last_seen_ms = omv_time_ms();
@@ -1239,7 +959,7 @@ static void drain(omv_daemon_t *d)
         if (rr == -EAGAIN || rr == -EINTR)
             break;
         if (rr == -EPROTO) {
-            refuse(d, &peer, OMV_REFUSE_MALFORMED, "a peer", why);
+            omv_daemon_refuse(d, &peer, OMV_REFUSE_MALFORMED, "a peer", why);
             continue;
         }
         if (rr < 0) {
@@ -1260,7 +980,7 @@ int omv_daemon_settle(omv_daemon_t *d, int timeout_ms)
         int ready = 0, pipes = 0;
         omv_router_poll(d->router, NULL, 0, revents, &ready, &pipes, 10);
         if (pipes)
-            drain_pipes(d);
+            omv_daemon_drain_pipes(d);
         if (ready) {
             drain(d);
             progress(d);
@@ -1305,7 +1025,7 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
             return r;
         }
         if (r > 0 && pipes_ready)
-            drain_pipes(d);
+            omv_daemon_drain_pipes(d);
         if (r > 0 && router_ready) {
             drain(d);
             progress(d);

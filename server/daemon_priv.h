@@ -176,6 +176,25 @@ int omv_daemon_settle(omv_daemon_t *d, int timeout_ms);
  * negative errno. Before the threads start, copies from the shards directly. */
 int omv_daemon_gather(omv_daemon_t *d, int velocity);
 
+/* daemon.c */
+/* Answers peer with a refusal, logs it (the first few of each kind) and counts it. */
+void omv_daemon_refuse(omv_daemon_t *d, const omv_peer_t *peer, omv_refuse_t code,
+                       const char *who, const char *reason);
+
+/* daemon_shards.c */
+/* Handles what the shard threads sent back (parameters to forward, refusals). */
+void omv_daemon_drain_pipes(omv_daemon_t *d);
+/* Saves the model and its momentum as the probe base (restore 0) or puts them back (1).
+ * Returns 0 or a negative errno. */
+int omv_daemon_probe_base(omv_daemon_t *d, int restore);
+
+/* daemon_reconfig.c */
+/* Whether some member of group g was sent the parameters of the group's current step. */
+int omv_daemon_group_begun(const omv_daemon_t *d, uint32_t g);
+/* Carries out the pending change if every group is between steps. Returns whether pulls may be
+ * served to everyone. */
+int omv_daemon_try_reconfig(omv_daemon_t *d);
+
 /* daemon_optimizer.c */
 /* Starts the optimizer when the job asks for it (at the job's start). Returns 0 or -errno. */
 int omv_daemon_opt_start(omv_daemon_t *d);
