@@ -563,7 +563,8 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
     omv_payload_t payload;
     omv_router_take_payload(d->router, &payload);
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH, .group = group, .step = p->step,
-                           .worker_id = member_id(d, m)};
+                           .worker_id = member_id(d, m), .sgd = d->sgd,
+                           .solo = omv_groups_live(d->groups, group) == 1};
     omv_shard_thread_send(d->threads[p->shard], &cmd, &m->peer, &payload);
     int finite = isfinite(p->loss);
     if (p->shard == 0) {

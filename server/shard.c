@@ -58,6 +58,23 @@ HOT static void sgd_step(float *restrict w, float *restrict v, float *restrict s
     }
 }
 
+HOT static void sgd_step_one(float *restrict w, float *restrict v, const float *restrict grad,
+                             size_t n, float lr, float mu, float wd)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] + wd * w[i];
+        float vi = mu * v[i] + g;
+        v[i] = vi;
+        w[i] -= lr * vi;
+    }
+}
+
+void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd)
+{
+    sgd_step_one(self->params, self->velocity, grad, self->count, sgd->learning_rate,
+                 sgd->momentum, sgd->weight_decay);
+}
+
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
 {
     if (self->pending[group] == NULL) {

@@ -36,5 +36,9 @@ int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
 void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
                      const omv_sgd_t *sgd);
 
+/* Applies grad[count] at once, as the group's only gradient of the step (a group of one member:
+ * no sum to keep). The same update as accumulate + apply with one contributor. */
+void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd);
+
 /* Discards the group's pending sum (its members are gone). */
 void omv_shard_discard(omv_shard_t *self, uint32_t group);

@@ -30,6 +30,7 @@ struct omv_shard_thread {
     omv_shard_t *shard;
     uint32_t index;
     uint32_t *counted; /* [n_groups] finite gradients in the group's pending sum */
+    uint8_t *done;     /* [n_groups] the group's step was applied by a solo push already */
     uint64_t version;  /* updates applied */
     snapshot_t snaps[MAX_SNAPSHOTS];
     int n_snaps;
@@ -109,7 +110,13 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
         grad = self->scratch;
     }
     if (omv_all_finite(grad, sh->count)) {
-        if (omv_shard_accumulate(sh, cmd->group, grad) == 0) {
+        if (cmd->solo) {
+            /* A group of one: the update straight from the gradient, one pass fewer. */
+            omv_shard_apply_one(sh, grad, &cmd->sgd);
+            self->done[cmd->group] = 1;
+            self->version++;
+            atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
+        } else if (omv_shard_accumulate(sh, cmd->group, grad) == 0) {
             self->counted[cmd->group]++;
             atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
         }
@@ -177,7 +184,9 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
         break;
     case OMV_SHARD_CMD_APPLY:
         atomic_fetch_add_explicit(&self->applies, 1, memory_order_relaxed);
-        if (cmd->group < sh->n_groups) {
+        if (cmd->group < sh->n_groups && self->done[cmd->group]) {
+            self->done[cmd->group] = 0; /* applied when its only gradient came */
+        } else if (cmd->group < sh->n_groups) {
             omv_shard_apply(sh, cmd->group, self->counted[cmd->group], &cmd->sgd);
             if (self->counted[cmd->group] > 0)
                 self->version++;
@@ -186,6 +195,7 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
         break;
     case OMV_SHARD_CMD_DISCARD:
         if (cmd->group < sh->n_groups) {
+            self->done[cmd->group] = 0;
             omv_shard_discard(sh, cmd->group);
             self->counted[cmd->group] = 0;
         }
@@ -253,13 +263,14 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     self->shard = shard;
     self->index = index;
     self->counted = calloc(shard->n_groups ? shard->n_groups : 1, sizeof(uint32_t));
+    self->done = calloc(shard->n_groups ? shard->n_groups : 1, 1);
     self->scratch = malloc((shard->count ? shard->count : 1) * sizeof(float));
     atomic_init(&self->snapshots_made, 0);
     atomic_init(&self->serves, 0);
     atomic_init(&self->applies, 0);
     atomic_init(&self->summed, 0);
     int r = -ENOMEM;
-    if (self->counted == NULL || self->scratch == NULL)
+    if (self->counted == NULL || self->done == NULL || self->scratch == NULL)
         goto fail;
     r = omv_router_pipe(router, &self->loop_end, &self->mine);
     if (r < 0)
@@ -275,6 +286,7 @@ fail:
     /* The loop end stays with the router, which closes it. */
     omv_pipe_destroy(&self->mine);
     free(self->counted);
+    free(self->done);
     free(self->scratch);
     free(self);
     errno = -r;
@@ -305,6 +317,7 @@ void omv_shard_thread_destroy(omv_shard_thread_t **self_p)
     for (int i = 0; i < self->n_snaps; i++)
         free(self->snaps[i].data);
     free(self->counted);
+    free(self->done);
     free(self->scratch);
     free(self);
     *self_p = NULL;

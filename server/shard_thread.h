@@ -32,7 +32,10 @@ typedef struct {
     uint64_t step;
     uint32_t worker_id;
     uint32_t slice_begin, slice_count, batch; /* SERVE: what the Params message says */
-    omv_sgd_t sgd;                            /* APPLY */
+    omv_sgd_t sgd;                            /* APPLY; PUSH with solo */
+    uint32_t solo;                            /* PUSH: the group has this one member, so its
+                                               * gradient is applied at once (the APPLY that
+                                               * follows finds nothing left to do) */
     float *params_dst, *velocity_dst;         /* GATHER: whole-model arrays (velocity may be
                                                * NULL); the shard writes its range */
     const float *params_src, *velocity_src;   /* RESTORE: whole-model arrays it reads its

@@ -170,6 +170,33 @@ START_TEST(test_groups_independent)
 }
 END_TEST
 
+START_TEST(test_apply_one_is_sum_and_apply)
+{
+    /* A group of one member applies straight from its gradient: the same update, bit for bit,
+     * as summing it and applying the sum of one, over several steps of momentum and decay. */
+    enum { N = 37 };
+    float a[N], b[N];
+    for (int i = 0; i < N; i++)
+        a[i] = b[i] = (float)(i % 7) - 3.0f;
+    omv_shard_t sa, sb;
+    ck_assert_int_eq(omv_shard_init(&sa, a, 0, N, 1), 0);
+    ck_assert_int_eq(omv_shard_init(&sb, b, 0, N, 1), 0);
+    const omv_sgd_t sgd = {.learning_rate = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
+    for (int step = 0; step < 5; step++) {
+        float g[N];
+        for (int i = 0; i < N; i++)
+            g[i] = (float)((i * 13 + step * 7) % 11) * 0.25f - 1.0f;
+        omv_shard_accumulate(&sa, 0, g);
+        omv_shard_apply(&sa, 0, 1, &sgd);
+        omv_shard_apply_one(&sb, g, &sgd);
+    }
+    ck_assert_mem_eq(a, b, sizeof(a));
+    ck_assert_mem_eq(sa.velocity, sb.velocity, N * sizeof(float));
+    omv_shard_fini(&sa);
+    omv_shard_fini(&sb);
+}
+END_TEST
+
 START_TEST(test_discard)
 {
     enum { N = 3 };
@@ -202,6 +229,7 @@ static Suite *shard_suite(void)
     tcase_add_test(tc, test_no_contributors);
     tcase_add_test(tc, test_groups_independent);
     tcase_add_test(tc, test_discard);
+    tcase_add_test(tc, test_apply_one_is_sum_and_apply);
     suite_add_tcase(s, tc);
     return s;
 }
