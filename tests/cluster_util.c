@@ -211,3 +211,42 @@ int run_ctl(char *out, size_t cap, const char *extra)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+
+void expect_exit_0(pid_t pid, const char *what)
+{
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s ended with status %d", what,
+                  status);
+}
+
+void control(const char *line, omv_strbuf_t *body)
+{
+    int r = omv_control_request(sock_path, line, body, 5000);
+    ck_assert_msg(r == 0, "'%s' failed (%s): %s", line, omv_strerror(r), omv_strbuf_str(body));
+}
+
+void shutdown_daemon(pid_t d)
+{
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("shutdown", &body);
+    omv_strbuf_fini(&body);
+    expect_exit_0(d, "omnivored");
+}
+
+double wait_done(omv_strbuf_t *body, int timeout_ms)
+{
+    int64_t deadline = omv_time_ms() + timeout_ms;
+    for (;;) {
+        control("status", body);
+        char state[32] = "";
+        text_field(omv_strbuf_str(body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            return field(omv_strbuf_str(body), "test_accuracy");
+        ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(body));
+        ck_assert_msg(omv_time_ms() < deadline, "job did not finish within %d ms: %s",
+                      timeout_ms, omv_strbuf_str(body));
+        sleep_ms(50);
+    }
+}

@@ -4,6 +4,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "strbuf.h"
+
 extern char test_dir[512];
 extern char job_path[600], sock_path[600], endpoint[600];
 /* The [model] section of the next write_job: an MLP unless a test says otherwise. */
@@ -30,3 +32,12 @@ double field(const char *body, const char *key);
 int has_text(const char *body, const char *text);
 double json_number(const char *json, const char *key);
 int run_ctl(char *out, size_t cap, const char *extra);
+/* Waits for pid and fails the test unless it exited with status 0; what names it. */
+void expect_exit_0(pid_t pid, const char *what);
+/* A control request that must succeed; the reply lands in body. */
+void control(const char *line, omv_strbuf_t *body);
+/* `shutdown` over the control socket, and the daemon pid must exit 0. */
+void shutdown_daemon(pid_t d);
+/* Polls status until the job is done (fails on "failed" or after timeout_ms); body keeps the
+ * last status; returns its test_accuracy. */
+double wait_done(omv_strbuf_t *body, int timeout_ms);

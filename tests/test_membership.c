@@ -19,29 +19,6 @@
 #include "testutil.h"
 #include "util.h"
 
-static void expect_exit_0(pid_t pid, const char *what)
-{
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s ended with status %d", what,
-                  status);
-}
-
-static void control(const char *line, omv_strbuf_t *body)
-{
-    int r = omv_control_request(sock_path, line, body, 5000);
-    ck_assert_msg(r == 0, "'%s' failed (%s): %s", line, omv_strerror(r), omv_strbuf_str(body));
-}
-
-static void shutdown_daemon(pid_t d)
-{
-    omv_strbuf_t body;
-    omv_strbuf_init(&body);
-    control("shutdown", &body);
-    omv_strbuf_fini(&body);
-    expect_exit_0(d, "omnivored");
-}
-
 START_TEST(test_join_leave_die_rejoin)
 {
     /* Slow enough steps (2 ms) that the job lasts while workers come and go. */
@@ -99,17 +76,7 @@ START_TEST(test_join_leave_die_rejoin)
     ck_assert(status_field("refused_unknown_worker_total") >= 1);
 
     /* The job finishes, accurately, and everyone still there exits cleanly. */
-    int64_t deadline = omv_time_ms() + 120000;
-    for (;;) {
-        control("status", &body);
-        char state[32] = "";
-        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
-        if (strcmp(state, "done") == 0)
-            break;
-        ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(&body));
-        ck_assert_msg(omv_time_ms() < deadline, "job did not finish: %s", omv_strbuf_str(&body));
-        sleep_ms(100);
-    }
+    wait_done(&body, 120000);
     ck_assert_msg(field(omv_strbuf_str(&body), "test_accuracy") > 0.95, "%s",
                   omv_strbuf_str(&body));
     ck_assert_msg(field(omv_strbuf_str(&body), "epoch") >= 40.0, "%s", omv_strbuf_str(&body));
@@ -179,22 +146,11 @@ static void write_fashion_job(const char *name)
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", test_dir);
 }
 
-static double wait_done(void)
+static double wait_job(void)
 {
     omv_strbuf_t body;
     omv_strbuf_init(&body);
-    int64_t deadline = omv_time_ms() + 120000;
-    for (;;) {
-        control("status", &body);
-        char state[32] = "";
-        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
-        if (strcmp(state, "done") == 0)
-            break;
-        ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(&body));
-        ck_assert_msg(omv_time_ms() < deadline, "job did not finish: %s", omv_strbuf_str(&body));
-        sleep_ms(100);
-    }
-    double acc = field(omv_strbuf_str(&body), "test_accuracy");
+    double acc = wait_done(&body, 120000);
     omv_strbuf_fini(&body);
     return acc;
 }
@@ -220,7 +176,7 @@ START_TEST(test_daemon_killed_and_restarted)
     write_fashion_job("reference");
     pid_t d = start_daemon();
     pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
-    double reference = wait_done();
+    double reference = wait_job();
     for (int i = 0; i < 3; i++)
         expect_exit_0(w[i], "a worker");
     shutdown_daemon(d);
@@ -249,7 +205,7 @@ START_TEST(test_daemon_killed_and_restarted)
     ck_assert_msg(clock >= step_at_kill - 40, "resumed at step %g, killed after %g", clock,
                   step_at_kill);
     /* The workers find the new daemon on their own and finish the job. */
-    double restarted = wait_done();
+    double restarted = wait_job();
     for (int i = 0; i < 3; i++)
         expect_exit_0(w[i], "a worker");
     control("summary --json", &body);
@@ -326,7 +282,7 @@ START_TEST(test_regroup_live)
     ck_assert_msg(has_text(out, "give 1 to 4"), "%s", out);
     ck_assert_int_eq(ctl("regroup", out, sizeof(out)), 2);
 
-    double acc = wait_done();
+    double acc = wait_job();
     ck_assert_msg(acc > 0.95, "test accuracy %.4f", acc);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
@@ -382,7 +338,7 @@ START_TEST(test_daemon_sigterm_mid_job)
     d = start_daemon();
     ck_assert_msg(status_field("group_clocks") >= step_at_stop,
                   "resumed behind the step it stopped at");
-    double acc = wait_done();
+    double acc = wait_job();
     ck_assert_msg(acc > 0.95, "test accuracy %.4f", acc);
     ck_assert_int_eq(status_field("rejoins_total"), 2);
     expect_exit_0(w1, "a worker");
@@ -422,7 +378,7 @@ START_TEST(test_example_survives_a_killed_worker)
     wait_status("epoch", 1.0, 120000);
     kill(victim, SIGKILL);
     ck_assert_int_eq(waitpid(victim, NULL, 0), victim);
-    double acc = wait_done();
+    double acc = wait_job();
     fprintf(stderr, "fashion-mlp with a worker killed at epoch 1: test_accuracy %.4f\n", acc);
     ck_assert_int_eq(status_field("deaths_total"), 1);
     ck_assert_msg(acc >= 0.85, "test accuracy %.4f with a worker killed, below 0.85", acc);

@@ -16,20 +16,6 @@
 #include "testutil.h"
 #include "util.h"
 
-static void expect_exit_0(pid_t pid, const char *what)
-{
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s ended with status %d", what,
-                  status);
-}
-
-static void control(const char *line, omv_strbuf_t *body)
-{
-    int r = omv_control_request(sock_path, line, body, 5000);
-    ck_assert_msg(r == 0, "'%s' failed (%s): %s", line, omv_strerror(r), omv_strbuf_str(body));
-}
-
 /* Runs a 4-worker job with the optimizer on (and extra job lines in [optimizer]) to the end;
  * returns the summary JSON in json[cap] and the status text in status[cap]. */
 static void run_tuned(const char *cluster, const char *optimizer_extra, char *json, size_t cap,
@@ -48,25 +34,14 @@ static void run_tuned(const char *cluster, const char *optimizer_extra, char *js
     pid_t ev = start_worker("evaluator");
     omv_strbuf_t body;
     omv_strbuf_init(&body);
-    int64_t deadline = omv_time_ms() + 180000;
-    for (;;) {
-        control("status", &body);
-        char state[32] = "";
-        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
-        if (strcmp(state, "done") == 0)
-            break;
-        ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(&body));
-        ck_assert_msg(omv_time_ms() < deadline, "job did not finish: %s", omv_strbuf_str(&body));
-        sleep_ms(100);
-    }
+    wait_done(&body, 180000);
     omv_strlcpy(status, omv_strbuf_str(&body), scap);
     control("summary --json", &body);
     omv_strlcpy(json, omv_strbuf_str(&body), cap);
     for (int i = 0; i < 4; i++)
         expect_exit_0(w[i], "a worker");
     expect_exit_0(ev, "the evaluator");
-    control("shutdown", &body);
-    expect_exit_0(d, "omnivored");
+    shutdown_daemon(d);
     omv_strbuf_fini(&body);
 }
 
