@@ -44,6 +44,7 @@ const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing",
 #define EXIT_SETTLE_MS 2000
 
 static void finish(omv_daemon_t *d, job_state_t state, const char *why);
+static void reload(omv_daemon_t *d);
 
 static double now_s(void)
 {
@@ -742,7 +743,54 @@ static void cron(omv_daemon_t *d)
         d->loss_n = 0;
     }
     omv_daemon_opt_poll(d);
+    if (d->reload_flag && *d->reload_flag) {
+        *d->reload_flag = 0;
+        reload(d);
+    }
     omv_daemon_notify_status(d); /* systemd's STATUS= line (rate-limited) */
+}
+
+/* ---- reloading ---- */
+
+void omv_daemon_set_reload(omv_daemon_t *d, volatile sig_atomic_t *flag, const char *config_path,
+                           const char *cli_log_level)
+{
+    d->reload_flag = flag;
+    omv_strlcpy(d->config_path, config_path ? config_path : "", sizeof(d->config_path));
+    omv_strlcpy(d->cli_log_level, cli_log_level ? cli_log_level : "", sizeof(d->cli_log_level));
+}
+
+/* Re-reads the config file and applies what may change while running; a broken file changes
+ * nothing and says why. */
+static void reload(omv_daemon_t *d)
+{
+    if (d->config_path[0] == '\0') {
+        omv_log_warn("SIGHUP: omnivored was started without --config: nothing to reload");
+        return;
+    }
+    omv_daemon_config_t cfg;
+    char err[OMV_CONFIG_ERR_MAX];
+    memset(&cfg, 0, sizeof(cfg));
+    omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
+    if (omv_config_load(omv_daemon_table, omv_daemon_table_len, d->config_path, &cfg, NULL,
+                        err) < 0) {
+        d->reloads_failed_total++;
+        omv_log_error("reload: %s; the running configuration stays", err);
+        return;
+    }
+    if (d->cli_log_level[0])
+        omv_strlcpy(cfg.log_level, d->cli_log_level, sizeof(cfg.log_level));
+    if (omv_log_set_level_name(cfg.log_level) < 0) {
+        d->reloads_failed_total++;
+        omv_log_error("reload: %s: log_level '%s' is not error, warn, info or debug; the running "
+                      "configuration stays", d->config_path, cfg.log_level);
+        return;
+    }
+    omv_strlcpy(d->cfg.log_level, cfg.log_level, sizeof(d->cfg.log_level));
+    d->reloads_total++;
+    /* Logged at warn so that it shows whatever the level now is. */
+    omv_log_warn("reloaded %s: log_level %s (endpoint, control, job and state_dir apply at the "
+                 "next start)", d->config_path, d->cfg.log_level);
 }
 
 /* ---- life ---- */

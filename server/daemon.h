@@ -26,6 +26,12 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
                              const char *job_path);
 void omv_daemon_destroy(omv_daemon_t **self_p);
 
+/* SIGHUP: when *flag becomes nonzero, the loop re-reads config_path (may be empty: nothing to
+ * reload) and applies the keys that may change at runtime (log_level); cli_log_level (may be
+ * NULL) is a --log-level given on the command line, which keeps precedence over the file. */
+void omv_daemon_set_reload(omv_daemon_t *self, volatile sig_atomic_t *flag,
+                           const char *config_path, const char *cli_log_level);
+
 /* Runs the loop until *stop is set (a signal) or a client asks for shutdown; stops the workers
  * on the way out. Returns 0 or a negative errno. */
 int omv_daemon_run(omv_daemon_t *self, volatile sig_atomic_t *stop);

@@ -150,6 +150,12 @@ struct omv_daemon {
     uint64_t ckpt_written_total, ckpt_failed_total;
     double ckpt_last_ms; /* how long the last write took */
 
+    /* Reloading on SIGHUP. */
+    volatile sig_atomic_t *reload_flag;
+    char config_path[OMV_JOB_PATH_MAX];
+    char cli_log_level[16];
+    uint64_t reloads_total, reloads_failed_total;
+
     uint64_t refused[OMV_REFUSE_COUNT_];
     int64_t last_cron_ms;
 };

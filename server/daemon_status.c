@@ -44,6 +44,9 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_int(&kv, "pid", getpid());
     omv_kv_double(&kv, "uptime_seconds", omv_time_s() - d->created_s, 1);
     omv_kv_str(&kv, "endpoint", d->cfg.endpoint);
+    omv_kv_str(&kv, "log_level", d->cfg.log_level);
+    omv_kv_int(&kv, "reloads_total", (int64_t)d->reloads_total);
+    omv_kv_int(&kv, "reloads_failed_total", (int64_t)d->reloads_failed_total);
     omv_kv_section(&kv, "job");
     omv_kv_str(&kv, "name", d->job.name);
     omv_kv_str(&kv, "file", d->job_path);

@@ -14,7 +14,13 @@
 #include "util.h"
 #include "wire.h"
 
-static volatile sig_atomic_t stop_flag;
+static volatile sig_atomic_t stop_flag, reload_flag;
+
+static void on_hup(int sig)
+{
+    (void)sig;
+    reload_flag = 1;
+}
 
 static void on_signal(int sig)
 {
@@ -74,7 +80,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    const char *workers = NULL;
+    const char *workers = NULL, *config_path = NULL, *cli_log_level = NULL;
     optind = 1;
     while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
         const char *key = c == 'e' ? "endpoint" : c == 's' ? "control" : c == 'j' ? "job"
@@ -86,6 +92,10 @@ int main(int argc, char **argv)
         }
         if (c == 'w')
             workers = optarg;
+        else if (c == 'c')
+            config_path = optarg;
+        else if (c == 'l')
+            cli_log_level = optarg;
     }
     if (omv_log_set_level_name(cfg.log_level) < 0) {
         fprintf(stderr, "omnivored: log level '%s' is not error, warn, info or debug\n",
@@ -124,9 +134,11 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    /* systemctl reload sends SIGHUP (ExecReload): no key changes at runtime yet, so it must not
-     * end the daemon as SIGHUP's default would. */
-    signal(SIGHUP, SIG_IGN);
+    /* systemctl reload sends SIGHUP (ExecReload): the loop re-reads the config file. */
+    struct sigaction hup;
+    memset(&hup, 0, sizeof(hup));
+    hup.sa_handler = on_hup;
+    sigaction(SIGHUP, &hup, NULL);
 
     omv_daemon_t *d = omv_daemon_new(&cfg, &job, cfg.job);
     if (d == NULL)
@@ -136,6 +148,7 @@ int main(int argc, char **argv)
     snprintf(ready, sizeof(ready), "waiting: job %s, %lld workers on %s", job.name,
              (long long)job.workers, cfg.endpoint);
     omv_notify_ready(ready);
+    omv_daemon_set_reload(d, &reload_flag, config_path, cli_log_level);
     int r = omv_daemon_run(d, &stop_flag);
     omv_notify_stopping();
     omv_daemon_destroy(&d);

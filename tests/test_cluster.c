@@ -371,6 +371,49 @@ START_TEST(test_daemon_sigterm)
 }
 END_TEST
 
+/* systemctl reload: SIGHUP re-reads the config file and applies log_level; a broken file
+ * changes nothing and the daemon stays up. */
+START_TEST(test_daemon_sighup_reload)
+{
+    write_job(2, 4, "groups = 1");
+    char conf[700];
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[daemon]\nlog_level = warn\n");
+    fclose(f);
+    char *argv[] = {(char *)bin("OMNIVORED"), "--config", conf, "--job", job_path, "--endpoint",
+                    endpoint, "--control", sock_path, "--state-dir", test_dir, NULL};
+    pid_t d = spawn(argv);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 20000;
+    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "omnivored did not answer on its socket");
+        sleep_ms(10);
+    }
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "log_level:warn"), "%s", omv_strbuf_str(&body));
+    f = fopen(conf, "w");
+    fprintf(f, "[daemon]\nlog_level = debug\n");
+    fclose(f);
+    kill(d, SIGHUP);
+    wait_status("reloads_total", 1, 5000);
+    control("status", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "log_level:debug"), "%s", omv_strbuf_str(&body));
+    /* A broken file: refused, counted, and nothing changes. */
+    f = fopen(conf, "w");
+    fprintf(f, "[daemon]\nlog_level = loud\n");
+    fclose(f);
+    kill(d, SIGHUP);
+    wait_status("reloads_failed_total", 1, 5000);
+    control("status", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "log_level:debug"), "%s", omv_strbuf_str(&body));
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -386,6 +429,7 @@ int main(void)
     tcase_add_test(tc, test_worker_killed);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_daemon_sigterm);
+    tcase_add_test(tc, test_daemon_sighup_reload);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }
