@@ -99,6 +99,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         hello.pid = h->pid;
         hello.threads = h->threads;
         hello.previous_worker_id = h->previous_worker_id;
+        hello.name = (char *)h->name;
         env.hello = &hello;
         break;
     }
@@ -285,6 +286,8 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.hello.pid = h->pid;
         m->u.hello.threads = h->threads;
         m->u.hello.previous_worker_id = h->previous_worker_id;
+        if (copy_str(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
+            return -EPROTO;
         return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname,
                         "hostname", why);
     }

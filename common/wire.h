@@ -60,6 +60,7 @@ typedef struct {
     uint32_t pid;
     uint32_t threads;
     uint32_t previous_worker_id;
+    char name[64]; /* may be empty */
 } omv_hello_t;
 
 typedef struct {

@@ -467,6 +467,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
     m->pid = h->pid;
     m->previous_id = h->previous_worker_id;
     omv_strlcpy(m->host, h->hostname, sizeof(m->host));
+    omv_strlcpy(m->name, h->name, sizeof(m->name));
     m->joined_ms = m->last_seen_ms = omv_time_ms();
     if ((uint32_t)index + 1 > d->n_members)
         d->n_members = (uint32_t)index + 1;

@@ -30,6 +30,7 @@ typedef struct {
     omv_role_t role;
     uint32_t slot; /* trainers: their slot in the groups */
     char host[64];
+    char name[64]; /* the worker's --name; may be empty */
     uint32_t pid;
     uint32_t previous_id; /* the id it had before it rejoined; 0 for a first registration */
     int64_t joined_ms, last_seen_ms;

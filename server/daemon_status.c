@@ -160,6 +160,7 @@ static void reply_workers(omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_kv_section(&kv, name);
         omv_kv_str(&kv, "role", m->role == OMV_ROLE_TRAINER ? "trainer" : "evaluator");
         omv_kv_str(&kv, "host", m->host);
+        omv_kv_str(&kv, "name", m->name);
         omv_kv_int(&kv, "pid", m->pid);
         omv_kv_str(&kv, "state", omv_daemon_member_state(m));
         int group = m->role == OMV_ROLE_TRAINER && m->state == MEMBER_ALIVE

@@ -118,7 +118,7 @@ pid_t start_worker_slow(const char *role, const char *delay_ms)
 {
     char *argv[] = {(char *)bin("OMNIVORE_WORKER"), "--server", endpoint, "--role", (char *)role,
                     "--log-level", "warn", "--step-delay-ms", (char *)delay_ms,
-                    "--server-timeout", "2", NULL};
+                    "--server-timeout", "2", "--name", "test-worker", NULL};
     return spawn(argv);
 }
 

@@ -38,6 +38,7 @@ START_TEST(test_join_leave_die_rejoin)
     omv_strbuf_init(&body);
     control("workers", &body);
     const char *s = omv_strbuf_str(&body);
+    ck_assert_msg(has_text(s, "name:test-worker"), "the workers' --name is not shown: %s", s);
     ck_assert_msg(has_text(s, "slice_begin:0\nslice_count:1365") &&
                       has_text(s, "slice_begin:1365\nslice_count:1365") &&
                       has_text(s, "slice_begin:2730\nslice_count:1366"),

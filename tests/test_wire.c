@@ -50,7 +50,7 @@ static void make_welcome(omv_msg_t *m)
 #define BIG 0x1234567890ULL
 static const omv_msg_t samples[] = {
     {.type = OMV_MSG_HELLO,
-     .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16, 12}},
+     .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16, 12, "worker@3"}},
     {.type = OMV_MSG_PULL, .u.pull = {9, BIG}},
     {.type = OMV_MSG_PARAMS, .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000, 21}},
     {.type = OMV_MSG_PUSH, .u.push = {5, BIG + 2, 1, 64, 32, 2.25f, 128, 12.5f}},
@@ -142,6 +142,7 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_uint_eq(d[0].u.hello.pid, 42);
     ck_assert_uint_eq(d[0].u.hello.threads, 16);
     ck_assert_uint_eq(d[0].u.hello.previous_worker_id, 12);
+    ck_assert_str_eq(d[0].u.hello.name, "worker@3");
     ck_assert_uint_eq(d[1].u.pull.worker_id, 9);
     ck_assert(d[1].u.pull.step == BIG);
     ck_assert(d[2].u.params.step == BIG + 1);

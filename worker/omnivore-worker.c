@@ -33,6 +33,8 @@ static void usage(FILE *out)
             "                          gone, and we register again (default 10)\n"
             "      --retry S           after losing the daemon, keep trying to reach it this\n"
             "                          long, with backoff (default 300; 0: forever)\n"
+            "  -n, --name NAME         what `omnivorectl workers` calls this worker (the\n"
+            "                          systemd unit passes its instance, e.g. worker@3)\n"
             "      --step-delay-ms MIN[-MAX]  add a random MIN..MAX ms to every step, to emulate\n"
             "                          a slower device in experiments and tests (default 0)\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
@@ -58,11 +60,11 @@ int main(int argc, char **argv)
         {"threads", required_argument, NULL, 't'}, {"hello-timeout", required_argument, NULL, 'H'},
         {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
         {"server-timeout", required_argument, NULL, 'T'}, {"retry", required_argument, NULL, 'R'},
-        {"step-delay-ms", required_argument, NULL, 'D'},
+        {"step-delay-ms", required_argument, NULL, 'D'}, {"name", required_argument, NULL, 'n'},
         {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "s:r:t:l:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "s:r:t:l:n:hV", opts, NULL)) != -1) {
         switch (c) {
         case 's':
             cfg.endpoint = optarg;
@@ -106,6 +108,13 @@ int main(int argc, char **argv)
                 cfg.retry_ms = (int)(v * 1000);
             break;
         }
+        case 'n':
+            if (strlen(optarg) >= 64) {
+                fprintf(stderr, "omnivore-worker: --name: '%s' is longer than 63 bytes\n", optarg);
+                return 2;
+            }
+            cfg.name = optarg;
+            break;
         case 'D': {
             int lo = 0, hi = -1, n = 0;
             if (sscanf(optarg, "%d-%d%n", &lo, &hi, &n) != 2 || optarg[n] != '\0') {

@@ -149,6 +149,8 @@ static int handshake(session_t *s, int wait_ms)
     m.u.hello.pid = (uint32_t)getpid();
     m.u.hello.threads = (uint32_t)s->cfg->threads;
     m.u.hello.previous_worker_id = s->previous_id;
+    if (s->cfg->name)
+        omv_strlcpy(m.u.hello.name, s->cfg->name, sizeof(m.u.hello.name));
     if (gethostname(m.u.hello.hostname, sizeof(m.u.hello.hostname)) != 0)
         omv_strlcpy(m.u.hello.hostname, "unknown", sizeof(m.u.hello.hostname));
     m.u.hello.hostname[sizeof(m.u.hello.hostname) - 1] = '\0';

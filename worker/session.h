@@ -8,6 +8,7 @@
 
 typedef struct {
     const char *endpoint; /* borrowed */
+    const char *name;     /* borrowed; what `omnivorectl workers` shows (NULL: none) */
     omv_role_t role;
     int threads;          /* BLAS threads */
     int hello_timeout_ms; /* how long to keep trying to register at first */
