@@ -96,6 +96,11 @@ pid_t start_daemon(void)
 {
     char *argv[] = {(char *)bin("OMNIVORED"), "--job", job_path, "--endpoint", endpoint,
                     "--control", sock_path, "--state-dir", test_dir, "--log-level", "warn", NULL};
+    return start_daemon_argv(argv);
+}
+
+pid_t start_daemon_argv(char *const argv[])
+{
     pid_t pid = spawn(argv);
     omv_strbuf_t body;
     omv_strbuf_init(&body);

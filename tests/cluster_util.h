@@ -18,6 +18,9 @@ void teardown(void);
 pid_t spawn(char *const argv[]);
 void sleep_ms(int ms);
 pid_t start_daemon(void);
+/* omnivored with these arguments (argv[0] its path); returns once its control socket at
+ * sock_path answers. */
+pid_t start_daemon_argv(char *const argv[]);
 pid_t start_worker(const char *role);
 /* A worker that adds delay_ms ("N" or "MIN-MAX") to every step, and takes a daemon silent
  * for 2 s for gone. */

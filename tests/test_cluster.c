@@ -384,14 +384,10 @@ START_TEST(test_daemon_sighup_reload)
     fclose(f);
     char *argv[] = {(char *)bin("OMNIVORED"), "--config", conf, "--job", job_path, "--endpoint",
                     endpoint, "--control", sock_path, "--state-dir", test_dir, NULL};
-    pid_t d = spawn(argv);
+    pid_t d = start_daemon_argv(argv);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
-    int64_t deadline = omv_time_ms() + 20000;
-    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
-        ck_assert_msg(omv_time_ms() < deadline, "omnivored did not answer on its socket");
-        sleep_ms(10);
-    }
+    control("status", &body);
     ck_assert_msg(has_text(omv_strbuf_str(&body), "log_level:warn"), "%s", omv_strbuf_str(&body));
     f = fopen(conf, "w");
     fprintf(f, "[daemon]\nlog_level = debug\n");

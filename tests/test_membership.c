@@ -363,14 +363,9 @@ START_TEST(test_example_survives_a_killed_worker)
     char *argv[] = {(char *)bin("OMNIVORED"), "--job", example, "--endpoint", endpoint,
                     "--control", sock_path, "--state-dir", test_dir, "--log-level", "warn",
                     "--set", "cluster.worker_timeout_s=2", NULL};
-    pid_t d = spawn(argv);
+    pid_t d = start_daemon_argv(argv);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
-    int64_t deadline = omv_time_ms() + 20000;
-    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
-        ck_assert_msg(omv_time_ms() < deadline, "omnivored did not answer on its socket");
-        sleep_ms(10);
-    }
     pid_t victim = start_worker("trainer");
     pid_t w = start_worker("trainer");
     pid_t ev = start_worker("evaluator");
