@@ -110,6 +110,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         welcome.worker_id = w->worker_id;
         welcome.group = w->group;
         welcome.start_step = w->start_step;
+        welcome.idle = w->idle != 0;
         job.name = (char *)j->name;
         job.n_layers = j->n_layers;
         job.layers = (uint32_t *)j->layers;
@@ -134,7 +135,7 @@ int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_
         job.n_shard_offsets = j->n_shards + 1;
         job.shard_offsets = (uint32_t *)j->shard_offsets;
         job.eval_batch_size = j->eval_batch_size;
-        welcome.job = &job;
+        welcome.job = w->idle ? NULL : &job;
         env.welcome = &welcome;
         break;
     }
@@ -296,6 +297,9 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.welcome.worker_id = env->welcome->worker_id;
         m->u.welcome.group = env->welcome->group;
         m->u.welcome.start_step = env->welcome->start_step;
+        m->u.welcome.idle = env->welcome->idle;
+        if (m->u.welcome.idle)
+            return 0;
         return decode_jobspec(env->welcome->job, &m->u.welcome.job, why);
     case OMNIVORE__ENVELOPE__BODY_PULL:
         m->u.pull.worker_id = env->pull->worker_id;

@@ -9,7 +9,7 @@
 #include "job.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 2
+#define OMV_PROTOCOL_VERSION 3
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
@@ -90,8 +90,9 @@ typedef struct {
     uint32_t protocol_version;
     uint32_t worker_id;
     uint32_t group;
-    omv_jobspec_t job;
+    omv_jobspec_t job; /* unset when idle */
     uint64_t start_step;
+    int idle; /* registered, but the daemon has no job now */
 } omv_welcome_t;
 
 typedef struct {

@@ -6,7 +6,7 @@
 #include "strbuf.h"
 
 #define OMV_CONTROL_LINE_MAX 4096
-#define OMV_CONTROL_MAX_ARGS 16
+#define OMV_CONTROL_MAX_ARGS 40
 
 typedef struct omv_control omv_control_t;
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "daemon_priv.h"
@@ -26,7 +27,8 @@ const omv_config_entry_t omv_daemon_table[] = {
      "where workers connect: tcp://ADDR:PORT or ipc://PATH"},
     {"daemon", "control", STR(control), "/run/omnivore/control.sock", 0, 0, 0,
      "control socket for omnivorectl"},
-    {"daemon", "job", STR(job), "", 0, 0, 0, "job file to run at start"},
+    {"daemon", "job", STR(job), "", 0, 0, 0,
+     "job file to run at start (empty: start idle and wait for omnivorectl submit)"},
     {"daemon", "log_level", STR(log_level), "info", 0, 0, OMV_CONFIG_RUNTIME,
      "error, warn, info or debug"},
     {"daemon", "state_dir", STR(state_dir), "/var/lib/omnivore", 0, 0, 0,
@@ -35,7 +37,7 @@ const omv_config_entry_t omv_daemon_table[] = {
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 
 const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing", "done",
-                                              "failed"};
+                                              "failed",  "stopped", "idle"};
 
 #define CRON_MS 100
 #define REFUSALS_LOGGED 10
@@ -43,7 +45,6 @@ const char *const omv_daemon_state_names[] = {"waiting", "running", "finishing",
  * last checkpoint holds whole steps. */
 #define EXIT_SETTLE_MS 2000
 
-static void finish(omv_daemon_t *d, job_state_t state, const char *why);
 static void reload(omv_daemon_t *d);
 
 static double now_s(void)
@@ -82,7 +83,8 @@ int omv_daemon_live_trainers(const omv_daemon_t *d)
 
 const char *omv_daemon_member_state(const member_t *m)
 {
-    return m->state == MEMBER_ALIVE ? "alive" : m->state == MEMBER_DEAD ? "dead" : "left";
+    static const char *const names[] = {"alive", "dead", "left", "idle", "done"};
+    return names[m->state];
 }
 
 static uint32_t member_id(const omv_daemon_t *d, const member_t *m)
@@ -245,8 +247,11 @@ static int free_record(const omv_daemon_t *d)
 static void remove_member(omv_daemon_t *d, member_t *m, member_state_t why)
 {
     uint32_t id = member_id(d, m);
+    member_state_t was = m->state;
     m->state = why;
     m->parked = 0;
+    if (was != MEMBER_ALIVE)
+        return; /* idle: in no job */
     if (m->role == OMV_ROLE_TRAINER) {
         omv_groups_leave(d->groups, m->slot);
         assign_slices(d);
@@ -308,7 +313,7 @@ static void start_job(omv_daemon_t *d, const char *why)
     d->ckpt_last_step = omv_groups_min_clock(d->groups);
     assign_slices(d);
     if (omv_daemon_opt_start(d) < 0) {
-        finish(d, JOB_FAILED, "the optimizer cannot start (see the log)");
+        omv_daemon_finish(d, JOB_FAILED, "the optimizer cannot start (see the log)");
         return;
     }
     omv_log_info("job '%s' running%s: %d workers in %lld groups, staleness %s, until %llu "
@@ -318,15 +323,31 @@ static void start_job(omv_daemon_t *d, const char *why)
                  (unsigned long long)d->target_images, (double)d->job.epochs);
 }
 
-static void finish(omv_daemon_t *d, job_state_t state, const char *why)
+void omv_daemon_finish(omv_daemon_t *d, job_state_t state, const char *why)
 {
     d->state = state;
     d->end_s = now_s();
     if (d->train_end_s == 0)
         d->train_end_s = d->end_s;
-    for (uint32_t i = 0; i < d->n_members; i++)
-        if (d->members[i].state == MEMBER_ALIVE)
-            send_stop(d, &d->members[i], why);
+    /* The workers exit (--once), or stay and register again for whatever comes next. */
+    omv_msg_t again = {.type = OMV_MSG_STOP};
+    snprintf(again.u.stop.reason, sizeof(again.u.stop.reason),
+             "job '%s' is %s: register again for the next job", d->job.name,
+             omv_daemon_state_names[state]);
+    again.u.stop.reconnect = 1;
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        member_t *m = &d->members[i];
+        if (m->state != MEMBER_ALIVE)
+            continue;
+        if (d->cfg.once) {
+            send_stop(d, m, why);
+        } else {
+            send_to(d, m, &m->peer, &again, NULL);
+            m->state = MEMBER_DONE;
+        }
+    }
+    if (!d->cfg.once)
+        d->evaluator = 0;
     if (state == JOB_DONE) {
         double acc = d->n_history ? d->history[d->n_history - 1].accuracy : NAN;
         double train_s = omv_daemon_train_seconds(d);
@@ -335,6 +356,10 @@ static void finish(omv_daemon_t *d, job_state_t state, const char *why)
                      train_s > 0 ? (double)d->images_total / train_s : 0.0);
         if (d->ckpt_enabled)
             omv_daemon_checkpoint(d, 1);
+    } else if (state == JOB_STOPPED) {
+        omv_strlcpy(d->fail_reason, why, sizeof(d->fail_reason));
+        omv_log_info("job '%s' stopped at epoch %.2f: %s", d->job.name, omv_daemon_epoch(d),
+                     why);
     } else {
         omv_strlcpy(d->fail_reason, why, sizeof(d->fail_reason));
         omv_log_error("job '%s' failed: %s", d->job.name, why);
@@ -346,7 +371,7 @@ static void progress(omv_daemon_t *d)
 {
     if (d->state == JOB_RUNNING) {
         if (omv_daemon_live_trainers(d) == 0) {
-            finish(d, JOB_FAILED, "every trainer is gone");
+            omv_daemon_finish(d, JOB_FAILED, "every trainer is gone");
             return;
         }
         if (d->images_total >= d->target_images && omv_groups_settled(d->groups)) {
@@ -364,7 +389,7 @@ static void progress(omv_daemon_t *d)
     }
     if (d->state == JOB_FINISHING && d->evaluator == 0) {
         omv_log_warn("no evaluator is connected: the job ends without a final test accuracy");
-        finish(d, JOB_DONE, "job done");
+        omv_daemon_finish(d, JOB_DONE, "job done");
         return;
     }
     if (d->state == JOB_RUNNING && d->ckpt_enabled && d->job.checkpoint_every_steps > 0) {
@@ -431,7 +456,8 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         omv_daemon_refuse(d, peer, OMV_REFUSE_VERSION, who, why);
         return;
     }
-    if (d->state == JOB_DONE || d->state == JOB_FAILED || d->state == JOB_FINISHING) {
+    int no_job = !d->has_job || OMV_JOB_OVER(d->state) || d->state == JOB_FINISHING;
+    if (no_job && d->cfg.once) {
         /* Nothing to do for it: tell it so rather than leave it waiting. */
         omv_msg_t s = {.type = OMV_MSG_STOP};
         snprintf(s.u.stop.reason, sizeof(s.u.stop.reason), "job '%s' is %s", d->job.name,
@@ -440,7 +466,9 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         return;
     }
     int slot = -1;
-    if (h->role == OMV_ROLE_TRAINER) {
+    if (no_job) {
+        /* A long-running daemon keeps it until a job comes (Stop with reconnect then). */
+    } else if (h->role == OMV_ROLE_TRAINER) {
         slot = free_slot(d);
         if (slot < 0) {
             char why[OMV_WIRE_REASON_MAX];
@@ -453,15 +481,24 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         omv_daemon_refuse(d, peer, OMV_REFUSE_ROLE, who, "an evaluator is already connected");
         return;
     }
-    int index = free_record(d);
+    /* A worker that registers again because a job ended or began is not rejoining after a
+     * fault, and it keeps its id. */
+    uint32_t prev = h->previous_worker_id;
+    const member_t *old = prev != 0 && prev <= d->n_members ? &d->members[prev - 1] : NULL;
+    int between_jobs = old && (old->state == MEMBER_DONE || old->state == MEMBER_IDLE) &&
+                       old->pid == h->pid && strcmp(old->host, h->hostname) == 0;
+    int rejoin = prev != 0 && !between_jobs;
+    int index = between_jobs ? (int)prev - 1 : free_record(d);
     if (index < 0) {
         omv_daemon_refuse(d, peer, OMV_REFUSE_FULL, who, "no member record is free");
         return;
     }
     member_t *m = &d->members[index];
+    omv_peer_t job_peer = between_jobs ? old->peer : (omv_peer_t){0};
     memset(m, 0, sizeof(*m));
+    m->job_peer = job_peer;
     m->used = 1;
-    m->state = MEMBER_ALIVE;
+    m->state = no_job ? MEMBER_IDLE : MEMBER_ALIVE;
     m->peer = *peer;
     m->role = h->role;
     m->pid = h->pid;
@@ -471,13 +508,20 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
     m->joined_ms = m->last_seen_ms = omv_time_ms();
     if ((uint32_t)index + 1 > d->n_members)
         d->n_members = (uint32_t)index + 1;
-    if (d->first_hello_s == 0)
-        d->first_hello_s = now_s();
 
     omv_msg_t w = {.type = OMV_MSG_WELCOME};
     omv_welcome_t *wl = &w.u.welcome;
     wl->protocol_version = OMV_PROTOCOL_VERSION;
     wl->worker_id = (uint32_t)index + 1;
+    if (no_job) {
+        wl->idle = 1;
+        omv_log_info("%s %d (%s) registered; no job to run: it waits for the next one",
+                     h->role == OMV_ROLE_TRAINER ? "worker" : "evaluator", index + 1, who);
+        send_to(d, m, peer, &w, NULL);
+        return;
+    }
+    if (d->first_hello_s == 0)
+        d->first_hello_s = now_s();
     fill_jobspec(d, &wl->job);
     if (h->role == OMV_ROLE_TRAINER) {
         uint32_t group = pick_group(d);
@@ -490,10 +534,10 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         wl->job.slice_count = m->slice_count;
         wl->job.steps_per_epoch = d->worker_batch ? m->slice_count / d->worker_batch : 0;
         d->joins_total++;
-        if (h->previous_worker_id)
+        if (rejoin)
             d->rejoins_total++;
         omv_log_info("worker %d (%s) %s: group %u from step %llu, images [%u, %u); %d alive",
-                     index + 1, who, h->previous_worker_id ? "rejoined" : "registered", group,
+                     index + 1, who, rejoin ? "rejoined" : "registered", group,
                      (unsigned long long)wl->start_step, m->slice_begin,
                      m->slice_begin + m->slice_count, omv_daemon_live_trainers(d));
     } else {
@@ -599,7 +643,7 @@ static void on_eval_result(omv_daemon_t *d, member_t *m, const omv_eval_result_t
                  acc, e->loss, e->total);
     if (d->state == JOB_FINISHING) {
         if (d->eval_final_sent)
-            finish(d, JOB_DONE, "job done");
+            omv_daemon_finish(d, JOB_DONE, "job done");
         else
             request_eval(d);
     } else if (d->eval_wanted) {
@@ -620,10 +664,25 @@ static member_t *find_member(omv_daemon_t *d, const omv_peer_t *peer, uint32_t i
     if (id == 0 || id > d->n_members)
         return NULL;
     member_t *m = &d->members[id - 1];
-    if (!m->used || m->state != MEMBER_ALIVE || m->peer.len != peer->len ||
-        memcmp(m->peer.id, peer->id, peer->len) != 0)
+    if (!m->used || (m->state != MEMBER_ALIVE && m->state != MEMBER_IDLE) ||
+        m->peer.len != peer->len || memcmp(m->peer.id, peer->id, peer->len) != 0)
         return NULL;
     return m;
+}
+
+/* Whether id is the record of a finished job's worker at peer: it was told to register again,
+ * and what it sent before it heard is dropped without a word. */
+static int from_finished_job(const omv_daemon_t *d, const omv_peer_t *peer, uint32_t id)
+{
+    if (id == 0 || id > d->n_members)
+        return 0;
+    const member_t *m = &d->members[id - 1];
+    if (!m->used)
+        return 0;
+    if (m->state == MEMBER_DONE)
+        return m->peer.len == peer->len && memcmp(m->peer.id, peer->id, peer->len) == 0;
+    return m->job_peer.len == peer->len && m->job_peer.len > 0 &&
+           memcmp(m->job_peer.id, peer->id, peer->len) == 0;
 }
 
 static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg)
@@ -657,7 +716,7 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     }
     member_t *m = find_member(d, peer, id);
     if (m == NULL) {
-        if (msg->type == OMV_MSG_LEAVE)
+        if (msg->type == OMV_MSG_LEAVE || from_finished_job(d, peer, id))
             return; /* gone already */
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "%s from worker id %u, which is not registered from this peer"
@@ -666,6 +725,11 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         return;
     }
     m->last_seen_ms = omv_time_ms();
+    if (m->state == MEMBER_IDLE && msg->type != OMV_MSG_HEARTBEAT &&
+        msg->type != OMV_MSG_LEAVE) {
+        omv_log_debug("dropped %s from idle worker %u", omv_msg_name(msg->type), id);
+        return;
+    }
     switch (msg->type) {
     case OMV_MSG_PULL:
         on_pull(d, m, &msg->u.pull);
@@ -696,11 +760,14 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
 static void cron(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
-    int64_t timeout = (int64_t)(d->job.worker_timeout_s * 1000);
-    if (d->state != JOB_DONE && d->state != JOB_FAILED) {
+    /* Without a job, idle workers are held to the default worker_timeout_s. */
+    int64_t timeout = (int64_t)((d->has_job ? d->job.worker_timeout_s : 10.0) * 1000);
+    {
+        int job_on = d->has_job && !OMV_JOB_OVER(d->state);
         for (uint32_t i = 0; i < d->n_members; i++) {
             member_t *m = &d->members[i];
-            if (m->state != MEMBER_ALIVE || now - m->last_seen_ms <= timeout)
+            if (!((m->state == MEMBER_ALIVE && job_on) || m->state == MEMBER_IDLE) ||
+                now - m->last_seen_ms <= timeout)
                 continue;
             omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1,
                          m->host, m->pid, (double)(now - m->last_seen_ms) / 1000.0);
@@ -813,36 +880,54 @@ static char *read_text(const char *path)
     return s;
 }
 
+/* The training set's image count (after train_limit) once its shape is checked against the
+ * model; 0 with the reason in err. */
+static uint32_t check_data(const omv_job_t *j, char *err)
+{
+    uint32_t count, channels, rows, cols;
+    if (omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
+                                 &cols, err) < 0)
+        return 0;
+    if (channels * rows * cols != j->layers[0]) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: images are %ux%ux%u = %u values but the model takes %u inputs",
+                 j->train_images, channels, rows, cols, channels * rows * cols, j->layers[0]);
+        return 0;
+    }
+    if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
+        count = (uint32_t)j->train_limit;
+    uint32_t worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
+    if (count / (uint32_t)j->workers < worker_batch) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: %u images split over %lld workers leave fewer than a batch of %u per "
+                 "worker", j->train_images, count, (long long)j->workers, worker_batch);
+        return 0;
+    }
+    return count;
+}
+
+int omv_daemon_check_job(const omv_job_t *job, char *err)
+{
+    if (check_data(job, err) == 0)
+        return -EINVAL;
+    omv_model_layout_t layout;
+    return omv_model_parse(&layout, job->model_text, job->model_name, err) < 0 ? -EINVAL : 0;
+}
+
 static int setup_job(omv_daemon_t *d)
 {
     char err[OMV_CONFIG_ERR_MAX];
     const omv_job_t *j = &d->job;
-    uint32_t count, channels, rows, cols;
-    int r = omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
-                                     &cols, err);
-    if (r < 0) {
+    uint32_t count = check_data(j, err);
+    if (count == 0) {
         omv_log_error("%s", err);
-        return r;
-    }
-    if (channels * rows * cols != j->layers[0]) {
-        omv_log_error("%s: images are %ux%ux%u = %u values but the model takes %u inputs",
-                      j->train_images, channels, rows, cols, channels * rows * cols,
-                      j->layers[0]);
         return -EINVAL;
     }
-    if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
-        count = (uint32_t)j->train_limit;
     d->train_count = count;
     d->worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
-    if (count / (uint32_t)j->workers < d->worker_batch) {
-        omv_log_error("%s: %u images split over %lld workers leave fewer than a batch of %u "
-                      "per worker", j->train_images, count, (long long)j->workers,
-                      d->worker_batch);
-        return -EINVAL;
-    }
     d->target_images = (uint64_t)count * (uint64_t)j->epochs;
 
-    r = omv_model_parse(&d->layout, j->model_text, j->model_name, err);
+    int r = omv_model_parse(&d->layout, j->model_text, j->model_name, err);
     if (r < 0) {
         omv_log_error("%s", err);
         return r;
@@ -857,7 +942,6 @@ static int setup_job(omv_daemon_t *d)
     omv_model_shard_offsets(d->layout.param_count, d->n_shards, d->shard_offsets);
     /* Room for workers that join beyond the planned ones, and for replacements. */
     d->n_slots = (uint32_t)j->workers * 2 + 16;
-    d->n_members_max = d->n_slots * 2 + OMV_DAEMON_MAX_EVALUATORS;
     d->params = malloc(d->layout.param_count * sizeof(float));
     d->shards = calloc(d->n_shards, sizeof(omv_shard_t));
     /* Room for as many groups as there are slots: regrouping may use them. */
@@ -867,11 +951,10 @@ static int setup_job(omv_daemon_t *d)
     d->group_loss_n = calloc(max_groups, sizeof(uint32_t));
     if (!d->group_loss_sum || !d->group_loss_n)
         return -ENOMEM;
-    d->members = calloc(d->n_members_max, sizeof(member_t));
     d->threads = calloc(d->n_shards, sizeof(*d->threads));
     d->gather_params = malloc(d->layout.param_count * sizeof(float));
     d->gather_velocity = malloc(d->layout.param_count * sizeof(float));
-    if (!d->params || !d->shards || !d->group_images || !d->members || !d->threads ||
+    if (!d->params || !d->shards || !d->group_images || !d->threads ||
         !d->gather_params || !d->gather_velocity)
         return -ENOMEM;
     omv_model_init(&d->layout, d->params, (uint64_t)j->seed);
@@ -916,6 +999,139 @@ static int setup_job(omv_daemon_t *d)
     return 0;
 }
 
+int omv_daemon_load_job(omv_daemon_t *d, const omv_job_t *job, const char *path, uint64_t id)
+{
+    omv_daemon_unload_job(d);
+    d->has_job = 1;
+    d->job_id = id;
+    d->job = *job;
+    d->state = JOB_WAITING;
+    omv_strlcpy(d->job_path, path, sizeof(d->job_path));
+    d->job_text = read_text(path);
+    d->load_s = now_s();
+    int r = setup_job(d);
+    if (r < 0)
+        goto fail;
+    /* A small shard's work takes less time than waking a thread (about 100 us here): the event
+     * loop's thread owns it. */
+    uint32_t threaded = 0;
+    for (uint32_t s = 0; s < d->n_shards; s++) {
+        int own = d->shards[s].count >= OMV_SHARD_THREAD_MIN_PARAMS;
+        threaded += own;
+        d->threads[s] = omv_shard_thread_new(d->router, &d->shards[s], s, own);
+        if (d->threads[s] == NULL) {
+            r = -errno;
+            omv_log_error("cannot start the thread of shard %u: %s", s, omv_strerror(r));
+            goto fail;
+        }
+    }
+    omv_log_info("job %llu '%s' loaded from %s; %u of %u shards have a thread",
+                 (unsigned long long)id, d->job.name, path, threaded, d->n_shards);
+    /* Workers that waited for a job register again, into this one. */
+    omv_msg_t again = {.type = OMV_MSG_STOP};
+    snprintf(again.u.stop.reason, sizeof(again.u.stop.reason),
+             "job '%s' is starting: register again", d->job.name);
+    again.u.stop.reconnect = 1;
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        member_t *m = &d->members[i];
+        if (m->state == MEMBER_IDLE) {
+            send_to(d, m, &m->peer, &again, NULL);
+            m->state = MEMBER_DONE;
+        }
+    }
+    return 0;
+fail:
+    omv_daemon_unload_job(d);
+    return r;
+}
+
+/* Whether ZeroMQ still holds a snapshot of some shard's parameters (on its way to a worker). */
+static int snapshots_in_flight(const omv_daemon_t *d)
+{
+    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
+        if (d->threads[s] && omv_shard_thread_in_flight(d->threads[s]))
+            return 1;
+    return 0;
+}
+
+void omv_daemon_unload_job(omv_daemon_t *d)
+{
+    if (!d->has_job)
+        return;
+    /* Its workers (told at the end of the job) register again; records stay for their ids. */
+    for (uint32_t i = 0; i < d->n_members; i++)
+        if (d->members[i].state == MEMBER_ALIVE)
+            d->members[i].state = MEMBER_DONE;
+    /* Threads end first; parameters still on their way out through ZeroMQ point into their
+     * snapshots, which are freed once ZeroMQ lets go (it sends or drops them at once). */
+    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
+        omv_shard_thread_stop(d->threads[s]);
+    if (d->router)
+        omv_router_drop_pipes(d->router);
+    int64_t deadline = omv_time_ms() + 2000;
+    while (snapshots_in_flight(d) && omv_time_ms() < deadline) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    int leak = snapshots_in_flight(d);
+    if (leak)
+        omv_log_warn("job '%s': ZeroMQ still holds parameters after 2 s; their buffers are "
+                     "left allocated", d->job.name);
+    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
+        if (!leak)
+            omv_shard_thread_destroy(&d->threads[s]);
+    free(d->threads);
+    omv_groups_destroy(&d->groups);
+    for (uint32_t s = 0; d->shards && s < d->n_shards; s++)
+        omv_shard_fini(&d->shards[s]);
+    free(d->shards);
+    free(d->params);
+    free(d->gather_params);
+    free(d->gather_velocity);
+    free(d->probe_params);
+    free(d->probe_velocity);
+    free(d->group_loss_sum);
+    free(d->group_loss_n);
+    free(d->group_images);
+    omv_daemon_opt_stop(d);
+    free(d->history);
+    free(d->job_text);
+
+    /* What outlives a job; everything else starts from zero with the next one. */
+    omv_daemon_t *keep = malloc(sizeof(*keep));
+    if (keep == NULL)
+        abort(); /* nothing sensible to do with half a daemon */
+    memcpy(keep, d, sizeof(*keep));
+    memset(d, 0, sizeof(*d));
+    d->cfg = keep->cfg;
+    d->router = keep->router;
+    d->control = keep->control;
+    d->shutdown = keep->shutdown;
+    d->members = keep->members;
+    d->n_members_max = keep->n_members_max;
+    d->n_members = keep->n_members;
+    d->joins_total = keep->joins_total;
+    d->leaves_total = keep->leaves_total;
+    d->deaths_total = keep->deaths_total;
+    d->rejoins_total = keep->rejoins_total;
+    d->created_s = keep->created_s;
+    d->reload_flag = keep->reload_flag;
+    memcpy(d->config_path, keep->config_path, sizeof(d->config_path));
+    memcpy(d->cli_log_level, keep->cli_log_level, sizeof(d->cli_log_level));
+    d->reloads_total = keep->reloads_total;
+    d->reloads_failed_total = keep->reloads_failed_total;
+    memcpy(d->refused, keep->refused, sizeof(d->refused));
+    d->last_cron_ms = keep->last_cron_ms;
+    memcpy(d->queue, keep->queue, sizeof(d->queue));
+    d->n_queue = keep->n_queue;
+    memcpy(d->finished, keep->finished, sizeof(d->finished));
+    d->n_finished_total = keep->n_finished_total;
+    d->jobs_loaded_total = keep->jobs_loaded_total;
+    d->jobs_submitted_total = keep->jobs_submitted_total;
+    free(keep);
+    d->state = JOB_IDLE;
+}
+
 omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *job,
                              const char *job_path)
 {
@@ -923,12 +1139,12 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     if (d == NULL)
         return NULL;
     d->cfg = *cfg;
-    d->job = *job;
-    omv_strlcpy(d->job_path, job_path, sizeof(d->job_path));
-    d->job_text = read_text(job_path);
+    d->state = JOB_IDLE;
     d->created_s = now_s();
-    int r = setup_job(d);
-    if (r < 0)
+    d->n_members_max = OMV_DAEMON_MAX_MEMBERS;
+    d->members = calloc(d->n_members_max, sizeof(member_t));
+    int r = -ENOMEM;
+    if (d->members == NULL)
         goto fail;
     d->router = omv_router_new(cfg->endpoint);
     if (d->router == NULL) {
@@ -943,21 +1159,13 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
                       omv_strerror(r), r == -EADDRINUSE ? " (another omnivored runs there)" : "");
         goto fail;
     }
-    /* A small shard's work takes less time than waking a thread (about 100 us here): the event
-     * loop's thread owns it. */
-    uint32_t threaded = 0;
-    for (uint32_t s = 0; s < d->n_shards; s++) {
-        int own = d->shards[s].count >= OMV_SHARD_THREAD_MIN_PARAMS;
-        threaded += own;
-        d->threads[s] = omv_shard_thread_new(d->router, &d->shards[s], s, own);
-        if (d->threads[s] == NULL) {
-            r = -errno;
-            omv_log_error("cannot start the thread of shard %u: %s", s, omv_strerror(r));
+    if (job != NULL) {
+        r = omv_daemon_load_job(d, job, job_path, ++d->jobs_submitted_total);
+        if (r < 0)
             goto fail;
-        }
     }
-    omv_log_info("listening for workers on %s, control on %s; %u of %u shards have a thread",
-                 cfg->endpoint, cfg->control, threaded, d->n_shards);
+    omv_log_info("listening for workers on %s, control on %s%s", cfg->endpoint, cfg->control,
+                 job ? "" : "; no job: submit one with omnivorectl submit JOB.ini");
     return d;
 fail:
     omv_daemon_destroy(&d);
@@ -971,29 +1179,10 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     if (d == NULL)
         return;
     omv_control_destroy(&d->control);
-    /* Threads end first, then the router (ZeroMQ lets go of snapshots), then their memory. */
-    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
-        omv_shard_thread_stop(d->threads[s]);
+    omv_daemon_unload_job(d);
     omv_router_destroy(&d->router);
-    for (uint32_t s = 0; d->threads && s < d->n_shards; s++)
-        omv_shard_thread_destroy(&d->threads[s]);
-    free(d->threads);
-    omv_groups_destroy(&d->groups);
-    for (uint32_t s = 0; d->shards && s < d->n_shards; s++)
-        omv_shard_fini(&d->shards[s]);
-    free(d->shards);
-    free(d->params);
-    free(d->gather_params);
-    free(d->gather_velocity);
-    free(d->probe_params);
-    free(d->probe_velocity);
-    free(d->group_loss_sum);
-    free(d->group_loss_n);
-    omv_daemon_opt_stop(d);
+    omv_daemon_jobs_free(d);
     free(d->members);
-    free(d->group_images);
-    free(d->history);
-    free(d->job_text);
     free(d);
     *self_p = NULL;
 }
@@ -1087,16 +1276,19 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
             cron(d);
             progress(d);
         }
+        if (!stopping_ms)
+            omv_daemon_jobs_poll(d);
+        omv_notify_watchdog();
     }
-    if (d->state != JOB_DONE && d->state != JOB_FAILED) {
-        /* The job is not over: workers wait for a daemon to come back (a restart resumes from
-         * the checkpoint just written). */
-        omv_msg_t s = {.type = OMV_MSG_STOP};
-        omv_strlcpy(s.u.stop.reason, "daemon is shutting down", sizeof(s.u.stop.reason));
-        s.u.stop.reconnect = 1;
-        for (uint32_t i = 0; i < d->n_members; i++)
-            if (d->members[i].state == MEMBER_ALIVE)
-                send_to(d, &d->members[i], &d->members[i].peer, &s, NULL);
+    /* Workers of an unfinished job, and idle ones, wait for a daemon to come back (a restart
+     * resumes from the checkpoint just written). */
+    omv_msg_t s = {.type = OMV_MSG_STOP};
+    omv_strlcpy(s.u.stop.reason, "daemon is shutting down", sizeof(s.u.stop.reason));
+    s.u.stop.reconnect = 1;
+    for (uint32_t i = 0; i < d->n_members; i++) {
+        member_t *m = &d->members[i];
+        if ((m->state == MEMBER_ALIVE && !OMV_JOB_OVER(d->state)) || m->state == MEMBER_IDLE)
+            send_to(d, m, &m->peer, &s, NULL);
     }
     omv_log_info("stopped");
     return 0;

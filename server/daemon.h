@@ -13,6 +13,8 @@ typedef struct {
     char job[OMV_JOB_PATH_MAX]; /* job file to run */
     char log_level[16];
     char state_dir[OMV_JOB_PATH_MAX]; /* checkpoints live under it */
+    int once; /* not a config key (omnivored --once): run the given job only, refuse
+               * submissions, and tell the workers to exit when it ends */
 } omv_daemon_config_t;
 
 extern const omv_config_entry_t omv_daemon_table[];
@@ -20,7 +22,8 @@ extern const size_t omv_daemon_table_len;
 
 typedef struct omv_daemon omv_daemon_t;
 
-/* Binds the endpoint and the control socket and lays out the job's model (job is copied).
+/* Binds the endpoint and the control socket and lays out the job's model (job is copied). With
+ * job NULL the daemon starts idle: workers register and wait, and jobs come with `submit`.
  * Returns NULL with errno set after logging what failed. Caller owns; omv_daemon_destroy. */
 omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *job,
                              const char *job_path);

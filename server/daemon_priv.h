@@ -18,15 +18,36 @@
 
 #define OMV_DAEMON_MAX_EVALUATORS 4
 
-typedef enum { JOB_WAITING, JOB_RUNNING, JOB_FINISHING, JOB_DONE, JOB_FAILED } job_state_t;
+/* A job's life; states from JOB_DONE on are over. JOB_IDLE: no job was ever loaded. */
+typedef enum {
+    JOB_WAITING,
+    JOB_RUNNING,
+    JOB_FINISHING,
+    JOB_DONE,
+    JOB_FAILED,
+    JOB_STOPPED, /* `omnivorectl stop`: checkpointed, a resubmission resumes it */
+    JOB_IDLE,
+    JOB_STATE_COUNT_
+} job_state_t;
 extern const char *const omv_daemon_state_names[];
+#define OMV_JOB_OVER(state) ((state) >= JOB_DONE)
 
-typedef enum { MEMBER_ALIVE, MEMBER_DEAD, MEMBER_LEFT } member_state_t;
+/* MEMBER_IDLE: registered while there is no job to run (it waits for the next one);
+ * MEMBER_DONE: a record of a finished job, whose worker was told to register again. */
+typedef enum { MEMBER_ALIVE, MEMBER_DEAD, MEMBER_LEFT, MEMBER_IDLE, MEMBER_DONE } member_state_t;
+
+/* Member records are the daemon's, not a job's: workers stay registered between jobs. */
+#define OMV_DAEMON_MAX_MEMBERS 1024
+/* Jobs waiting to run, and finished jobs remembered for `omnivorectl jobs`. */
+#define OMV_DAEMON_MAX_QUEUE 32
+#define OMV_DAEMON_MAX_FINISHED 32
 
 typedef struct {
     int used;
     member_state_t state;
     omv_peer_t peer;
+    omv_peer_t job_peer; /* the peer it had in the previous job (it keeps its id between jobs);
+                          * what that connection still sends is dropped */
     omv_role_t role;
     uint32_t slot; /* trainers: their slot in the groups */
     char host[64];
@@ -68,8 +89,31 @@ typedef struct {
 
 #define OMV_DAEMON_MAX_PHASES 64
 
+/* A submitted job waiting its turn. */
+typedef struct {
+    uint64_t id;
+    omv_job_t *job; /* parsed, with the submitter's overrides, validated */
+    char path[OMV_JOB_PATH_MAX];
+    double submitted_s;
+} queued_job_t;
+
+/* How a job ended, for `omnivorectl jobs`. */
+typedef struct {
+    uint64_t id;
+    char name[64];
+    char path[OMV_JOB_PATH_MAX];
+    job_state_t state;
+    double accuracy, epochs, wall_s, end_s;
+    char reason[160];
+} finished_job_t;
+
+/* Everything in struct omv_daemon belongs to the current job and is zeroed when the next one
+ * is loaded, except the fields omv_daemon_unload_job (daemon.c) keeps: the config, sockets,
+ * member records, the queue and the daemon's lifetime counters. */
 struct omv_daemon {
     omv_daemon_config_t cfg;
+    int has_job; /* a job is loaded (it may be over) */
+    uint64_t job_id; /* 1, 2, ... in the order jobs were loaded or submitted */
     omv_job_t job;
     char job_path[OMV_JOB_PATH_MAX];
     char *job_text; /* the job file as read at start, kept in checkpoints */
@@ -103,7 +147,8 @@ struct omv_daemon {
     uint32_t train_count;  /* images in the training set the job uses */
     uint32_t worker_batch; /* images per worker per step: the group's batch over its members */
     uint64_t target_images; /* epochs x train_count: the job trains until it has seen these */
-    double created_s, first_hello_s, start_s, train_end_s, end_s;
+    double created_s; /* the daemon's start (kept across jobs) */
+    double load_s, first_hello_s, start_s, train_end_s, end_s;
     double train_s_before; /* training seconds before a resume */
     uint64_t images_total, steps_total, late_total;
     uint64_t *group_images; /* [groups] images of the group's current step */
@@ -159,6 +204,16 @@ struct omv_daemon {
 
     uint64_t refused[OMV_REFUSE_COUNT_];
     int64_t last_cron_ms;
+
+    /* Jobs (daemon_jobs.c). */
+    queued_job_t queue[OMV_DAEMON_MAX_QUEUE];
+    uint32_t n_queue;
+    finished_job_t finished[OMV_DAEMON_MAX_FINISHED]; /* a ring */
+    uint32_t n_finished_total;
+    uint64_t jobs_loaded_total, jobs_submitted_total;
+    int job_recorded;       /* the current job's end is in finished[] */
+    int stop_requested;     /* `omnivorectl stop`: end once the checkpoint is written */
+    double stop_requested_s;
 };
 
 double omv_daemon_epoch(const omv_daemon_t *d);
@@ -184,6 +239,30 @@ int omv_daemon_settle(omv_daemon_t *d, int timeout_ms);
 int omv_daemon_gather(omv_daemon_t *d, int velocity);
 
 /* daemon.c */
+/* Frees the current job (shard threads, model, groups, optimizer, history) and zeroes its
+ * state; member records stay, and any still training are told to register again. */
+void omv_daemon_unload_job(omv_daemon_t *d);
+/* Makes job (copied; path names it, for logs and checkpoints) the current one and lays it out:
+ * model, shards and their threads, groups, checkpoints (resuming from the newest). Idle members
+ * are told to register again, into it. Returns 0 or a negative errno after logging why; on
+ * failure no job is loaded. */
+int omv_daemon_load_job(omv_daemon_t *d, const omv_job_t *job, const char *path, uint64_t id);
+/* Checks what loading would check without loading: the data set's shape against the model.
+ * Returns 0 or -EINVAL with the reason in err[OMV_CONFIG_ERR_MAX]. */
+int omv_daemon_check_job(const omv_job_t *job, char *err);
+/* Ends the current job (state: JOB_DONE, JOB_FAILED or JOB_STOPPED) and tells its workers. */
+void omv_daemon_finish(omv_daemon_t *d, job_state_t state, const char *why);
+
+/* daemon_jobs.c */
+/* The control commands submit, stop and jobs. */
+int omv_daemon_jobs_control(omv_daemon_t *d, int argc, char **argv, int json,
+                            omv_strbuf_t *reply);
+/* From the event loop: records a finished job, starts the next queued one when the current is
+ * over, and ends a stopped one once its checkpoint is written. */
+void omv_daemon_jobs_poll(omv_daemon_t *d);
+/* Frees the queue (at exit). */
+void omv_daemon_jobs_free(omv_daemon_t *d);
+
 /* Answers peer with a refusal, logs it (the first few of each kind) and counts it. */
 void omv_daemon_refuse(omv_daemon_t *d, const omv_peer_t *peer, omv_refuse_t code,
                        const char *who, const char *reason);

@@ -1,5 +1,5 @@
 /* omnivored's control commands: status, workers, groups, metrics, summary, checkpoint, shutdown,
- * help. */
+ * help (jobs, submit and stop are in daemon_jobs.c). */
 #define OMV_LOG_TAG "daemon"
 #include <errno.h>
 #include <math.h>
@@ -47,7 +47,14 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_str(&kv, "log_level", d->cfg.log_level);
     omv_kv_int(&kv, "reloads_total", (int64_t)d->reloads_total);
     omv_kv_int(&kv, "reloads_failed_total", (int64_t)d->reloads_failed_total);
+    int idle = 0;
+    for (uint32_t i = 0; i < d->n_members; i++)
+        idle += d->members[i].state == MEMBER_IDLE;
+    omv_kv_int(&kv, "jobs_queued", d->n_queue);
+    omv_kv_int(&kv, "jobs_submitted_total", (int64_t)d->jobs_submitted_total);
+    omv_kv_int(&kv, "workers_waiting", idle);
     omv_kv_section(&kv, "job");
+    omv_kv_int(&kv, "id", (int64_t)d->job_id);
     omv_kv_str(&kv, "name", d->job.name);
     omv_kv_str(&kv, "file", d->job_path);
     omv_kv_str(&kv, "state", omv_daemon_state_names[d->state]);
@@ -60,7 +67,7 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     } else {
         omv_kv_str(&kv, "optimizer", "off");
     }
-    if (d->state == JOB_FAILED)
+    if (d->state == JOB_FAILED || d->state == JOB_STOPPED)
         omv_kv_str(&kv, "reason", d->fail_reason);
     omv_kv_double(&kv, "epoch", omv_daemon_epoch(d), 3);
     omv_kv_int(&kv, "epochs", d->job.epochs);
@@ -68,7 +75,8 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_int(&kv, "step", step == UINT64_MAX ? 0 : (int64_t)step);
     /* The clock a group will have at the end if every group keeps its full batch. */
     uint64_t per_group_step = (uint64_t)d->job.batch_size * (uint64_t)d->job.groups;
-    omv_kv_int(&kv, "total_steps", (int64_t)(d->target_images / per_group_step));
+    omv_kv_int(&kv, "total_steps",
+               per_group_step ? (int64_t)(d->target_images / per_group_step) : 0);
     omv_kv_int(&kv, "target_images", (int64_t)d->target_images);
     omv_kv_int(&kv, "images_total", (int64_t)d->images_total);
     omv_kv_double(&kv, "images_per_second", images_per_second(d), 1);
@@ -153,7 +161,7 @@ static void reply_workers(omv_daemon_t *d, omv_strbuf_t *out, int json)
     int64_t now = omv_time_ms();
     for (uint32_t i = 0; i < d->n_members; i++) {
         const member_t *m = &d->members[i];
-        if (!m->used)
+        if (!m->used || m->state == MEMBER_DONE) /* records of finished jobs */
             continue;
         char name[32];
         snprintf(name, sizeof(name), "worker %u", i + 1);
@@ -269,7 +277,7 @@ static void reply_metrics(omv_daemon_t *d, omv_strbuf_t *out)
     omv_strbuf_printf(out, "\"} 1\n");
     metric_head(out, "omnivore_job_state", "gauge",
                 "The job's state: 1 for the current one, 0 for the others.");
-    for (int s = JOB_WAITING; s <= JOB_FAILED; s++)
+    for (int s = JOB_WAITING; s < JOB_STATE_COUNT_; s++)
         omv_strbuf_printf(out, "omnivore_job_state{state=\"%s\"} %d\n",
                           omv_daemon_state_names[s], (int)d->state == s);
     metric(out, "omnivore_uptime_seconds", "gauge", "Seconds since the daemon started.",
@@ -436,6 +444,17 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
      * refreshes it too, so that it is current whenever someone looks (rate-limited). */
     omv_daemon_notify_status(d);
     const char *number = NULL; /* regroup's argument */
+    if (strcmp(argv[0], "submit") == 0 || strcmp(argv[0], "stop") == 0 ||
+        strcmp(argv[0], "jobs") == 0) {
+        int n = 0;
+        for (int i = 0; i < argc; i++) {
+            if (i > 0 && strcmp(argv[i], "--json") == 0)
+                json = 1;
+            else
+                argv[n++] = argv[i];
+        }
+        return omv_daemon_jobs_control(d, n, argv, json, reply);
+    }
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = 1;
@@ -445,6 +464,13 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
             omv_strbuf_printf(reply, "'%s' takes no argument '%s'", argv[0], argv[i]);
             return -EINVAL;
         }
+    }
+    int needs_job = strcmp(argv[0], "groups") == 0 || strcmp(argv[0], "regroup") == 0 ||
+                    strcmp(argv[0], "summary") == 0 || strcmp(argv[0], "checkpoint") == 0;
+    if (needs_job && !d->has_job) {
+        omv_strbuf_printf(reply, "no job is loaded; submit one with 'omnivorectl submit "
+                                 "JOB.ini'");
+        return -ENOENT;
     }
     if (strcmp(argv[0], "status") == 0) {
         reply_status(d, reply, json);
@@ -519,8 +545,9 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         omv_strbuf_printf(reply, "shutting down\n");
     } else if (strcmp(argv[0], "help") == 0) {
         omv_strbuf_printf(reply, "commands: status, workers, groups, metrics, summary, "
-                                 "checkpoint, optimizer, regroup G, shutdown, help (--json for JSON, but not "
-                                 "metrics)\n");
+                                 "checkpoint, optimizer, regroup G, jobs, submit PATH "
+                                 "[S.K=V ...], stop [ID|NAME], shutdown, help (--json for JSON, "
+                                 "but not metrics)\n");
     } else {
         omv_strbuf_printf(reply, "unknown command '%s'; try 'help'", argv[0]);
         return -EINVAL;

@@ -254,6 +254,8 @@ bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t ste
 
 bool omv_groups_idle(const omv_groups_t *self)
 {
+    if (self == NULL)
+        return true;
     for (uint32_t g = 0; g < self->n_groups; g++) {
         const group_t *gr = &self->groups[g];
         if (gr->joining > 0 || gr->shards_applied > 0)
@@ -310,6 +312,8 @@ int omv_groups_set_count(omv_groups_t *self, uint32_t n_groups)
 
 uint32_t omv_groups_max(const omv_groups_t *self)
 {
+    if (self == NULL)
+        return 0;
     return self->max_groups;
 }
 
@@ -325,16 +329,22 @@ uint32_t omv_groups_live(const omv_groups_t *self, uint32_t group)
 
 int omv_groups_of(const omv_groups_t *self, uint32_t slot)
 {
+    if (self == NULL)
+        return -1;
     return slot < self->n_slots ? self->slot_group[slot] : -1;
 }
 
 uint32_t omv_groups_count(const omv_groups_t *self)
 {
+    if (self == NULL)
+        return 0;
     return self->n_groups;
 }
 
 bool omv_groups_settled(const omv_groups_t *self)
 {
+    if (self == NULL)
+        return true;
     for (uint32_t g = 0; g < self->n_groups; g++)
         if (self->groups[g].live > 0 && self->groups[g].shards_applied > 0)
             return false;
@@ -343,6 +353,8 @@ bool omv_groups_settled(const omv_groups_t *self)
 
 uint64_t omv_groups_min_clock(const omv_groups_t *self)
 {
+    if (self == NULL)
+        return UINT64_MAX;
     uint64_t m = UINT64_MAX;
     for (uint32_t g = 0; g < self->n_groups; g++)
         if (self->groups[g].live > 0 && self->groups[g].clock < m)

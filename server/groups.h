@@ -70,6 +70,8 @@ int omv_groups_regroup(omv_groups_t *self, uint32_t n_groups, const int32_t *gro
  * after a regroup). Returns 0, -EBUSY or -EINVAL. */
 int omv_groups_set_count(omv_groups_t *self, uint32_t n_groups);
 
+/* The queries below take NULL (a daemon with no job): no groups, nothing in flight. */
+
 /* How many groups there can be (room was made for one per slot). */
 uint32_t omv_groups_max(const omv_groups_t *self);
 

@@ -51,6 +51,23 @@ void omv_notify_status(const char *line)
     last_status_ms = now;
 }
 
+void omv_notify_watchdog(void)
+{
+    static int64_t interval_ms = -1, last_ms;
+    if (interval_ms < 0) {
+        uint64_t usec = 0;
+        /* WatchdogSec= in the unit: systemd restarts a daemon that stays silent that long. */
+        interval_ms = sd_watchdog_enabled(0, &usec) > 0 ? (int64_t)(usec / 2000) : 0;
+        if (interval_ms == 0 && usec > 0)
+            interval_ms = 1;
+    }
+    int64_t now = omv_time_ms();
+    if (interval_ms == 0 || now - last_ms < interval_ms)
+        return;
+    sd_notify(0, "WATCHDOG=1");
+    last_ms = now;
+}
+
 void omv_notify_stopping(void)
 {
     if (stopping_sent)
@@ -74,6 +91,10 @@ void omv_notify_ready(const char *status)
 void omv_notify_status(const char *line)
 {
     (void)line;
+}
+
+void omv_notify_watchdog(void)
+{
 }
 
 void omv_notify_stopping(void)

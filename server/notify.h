@@ -8,6 +8,10 @@ void omv_notify_ready(const char *status);
 /* STATUS=line, at most once every OMV_NOTIFY_STATUS_MS unless the text changed its first word
  * (the job's state), and never twice the same. line is borrowed. */
 void omv_notify_status(const char *line);
+/* WATCHDOG=1 every half of the unit's WatchdogSec= ($WATCHDOG_USEC), from the event loop: a
+ * loop that stops turning (a deadlock, a stuck thread) gets the daemon restarted, and it resumes
+ * from its last checkpoint. Cheap to call often. */
+void omv_notify_watchdog(void);
 /* STOPPING=1: the daemon is on its way out (sent once). */
 void omv_notify_stopping(void);
 /* Whether notifications are compiled in. */

@@ -38,7 +38,8 @@ static void usage(FILE *out)
     fprintf(out,
             "Usage: omnivorectl [--socket PATH] COMMAND [--json]\n"
             "       omnivorectl [--socket PATH] watch [--interval S] [--count N] [COMMAND]\n"
-            "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]... [--json]\n\n"
+            "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]... [--json]\n"
+            "       omnivorectl [--socket PATH] submit JOB.ini [--workers N] [--set S.K=V]...\n\n"
             "Commands for a running omnivored:\n"
             "  status      daemon, job progress, cluster and refusal counters\n"
             "  workers     every registered worker\n"
@@ -50,6 +51,12 @@ static void usage(FILE *out)
             "  checkpoint  write a checkpoint now and print its path\n"
             "  optimizer   the optimizer's state, the configuration of each phase, its decisions\n"
             "  regroup G   use G compute groups from the next step boundary (1 to the workers)\n"
+            "  jobs        the current job, the queue, and how the last jobs ended\n"
+            "  submit JOB  queue a job file (run now if nothing runs); the daemon reads the file,\n"
+            "              so it must be readable by the daemon's user; --workers and --set as\n"
+            "              for run. A job that has checkpoints resumes from the newest\n"
+            "  stop [ID|NAME]  stop the current job (after a checkpoint: submitting it again\n"
+            "              resumes it) or drop a queued one; the next queued job starts\n"
             "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
             "              wait for it to come back (a finished job's workers have exited)\n"
             "  help        this text\n\n"
@@ -113,6 +120,74 @@ static int request(const char *sock, const char *line, omv_strbuf_t *body)
         return 3;
     }
     return 0;
+}
+
+/* ---- submit: a job for a running daemon ---- */
+
+static int cmd_submit(const char *sock, int argc, char **argv, int json)
+{
+    const char *workers_arg = NULL;
+    const char *sets[MAX_SETS];
+    int n_sets = 0;
+    static const struct option opts[] = {
+        {"workers", required_argument, NULL, 'w'},
+        {"set", required_argument, NULL, 'S'},
+        {"json", no_argument, NULL, 'j'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "w:j", opts, NULL)) != -1) {
+        if (c == 'w') {
+            workers_arg = optarg;
+        } else if (c == 'S' && n_sets < MAX_SETS) {
+            sets[n_sets++] = optarg;
+        } else if (c == 'j') {
+            json = 1;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind + 1 != argc) {
+        fprintf(stderr, "omnivorectl submit: give exactly one job file\n");
+        return 2;
+    }
+    /* The daemon reads the file itself: give it a path that does not depend on our folder. */
+    char path[PATH_MAX];
+    if (realpath(argv[optind], path) == NULL) {
+        fprintf(stderr, "omnivorectl: %s: %s\n", argv[optind], strerror(errno));
+        return 2;
+    }
+    omv_strbuf_t line, body;
+    omv_strbuf_init(&line);
+    omv_strbuf_init(&body);
+    int rc = 2;
+    if (strpbrk(path, " \t\r\n")) {
+        fprintf(stderr, "omnivorectl: %s: the control protocol cannot carry a path with spaces; "
+                        "move or link the job file\n", path);
+        goto out;
+    }
+    omv_strbuf_printf(&line, "submit %s", path);
+    if (workers_arg)
+        omv_strbuf_printf(&line, " cluster.workers=%s", workers_arg);
+    for (int i = 0; i < n_sets; i++) {
+        if (strpbrk(sets[i], " \t\r\n") || strchr(sets[i], '=') == NULL) {
+            fprintf(stderr, "omnivorectl: --set '%s': give SECTION.KEY=VALUE without spaces\n",
+                    sets[i]);
+            goto out;
+        }
+        omv_strbuf_printf(&line, " %s", sets[i]);
+    }
+    if (json)
+        omv_strbuf_printf(&line, " --json");
+    rc = request(sock, omv_strbuf_str(&line), &body);
+    if (rc == 0)
+        fputs(omv_strbuf_str(&body), stdout);
+out:
+    omv_strbuf_fini(&line);
+    omv_strbuf_fini(&body);
+    return rc;
 }
 
 /* ---- run: a one-machine cluster ---- */
@@ -287,6 +362,7 @@ static int cmd_run(int argc, char **argv, int json)
     char *dargv[16 + 2 * MAX_SETS];
     int k = 0;
     dargv[k++] = daemon_bin;
+    dargv[k++] = "--once"; /* the workers exit with the job, and nothing else is queued */
     dargv[k++] = "--job";
     dargv[k++] = (char *)job_path;
     dargv[k++] = "--endpoint";
@@ -342,7 +418,8 @@ static int cmd_run(int argc, char **argv, int json)
         }
         if (omv_control_request(sock, "status", &body, 5000) == 0 &&
             field(omv_strbuf_str(&body), "state", state, sizeof(state)) == 0 &&
-            (strcmp(state, "done") == 0 || strcmp(state, "failed") == 0))
+            (strcmp(state, "done") == 0 || strcmp(state, "failed") == 0 ||
+             strcmp(state, "stopped") == 0))
             break;
     }
     if (interrupted) {
@@ -539,8 +616,11 @@ int main(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    static const char *const known[] = {"status",     "workers",  "groups",  "metrics", "summary",
-                                        "checkpoint", "shutdown", "regroup",  "optimizer"};
+    if (strcmp(cmd, "submit") == 0)
+        return cmd_submit(sock, argc - i, argv + i, json);
+    static const char *const known[] = {"status",     "workers",  "groups",  "metrics",
+                                        "summary",    "checkpoint", "shutdown", "regroup",
+                                        "optimizer",  "jobs",     "stop"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
         ok |= strcmp(cmd, known[k]) == 0;
@@ -548,12 +628,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "omnivorectl: unknown command '%s'; see omnivorectl --help\n", cmd);
         return 2;
     }
-    const char *groups = NULL; /* regroup's argument */
+    const char *groups = NULL; /* regroup's or stop's argument */
     for (int a = i + 1; a < argc; a++) {
         if (strcmp(argv[a], "--json") == 0 || strcmp(argv[a], "-j") == 0) {
             json = 1;
         } else if (strcmp(cmd, "regroup") == 0 && groups == NULL &&
                    strspn(argv[a], "0123456789") == strlen(argv[a]) && strlen(argv[a]) < 6) {
+            groups = argv[a];
+        } else if (strcmp(cmd, "stop") == 0 && groups == NULL && strlen(argv[a]) < 64 &&
+                   strspn(argv[a], " \t") == 0) {
             groups = argv[a];
         } else {
             fprintf(stderr, "omnivorectl: %s takes no argument '%s'\n", cmd, argv[a]);
@@ -564,7 +647,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "omnivorectl: regroup takes the number of groups, e.g. regroup 2\n");
         return 2;
     }
-    char line[64];
+    char line[128];
     snprintf(line, sizeof(line), "%s%s%s%s", cmd, groups ? " " : "", groups ? groups : "",
              json ? " --json" : "");
     omv_strbuf_t body;

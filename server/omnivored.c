@@ -1,5 +1,6 @@
-/* omnivored: the parameter-server daemon. Reads its config and a job, binds the worker endpoint
- * and the control socket, and runs the job until it is done and it is told to stop. */
+/* omnivored: the parameter-server daemon. Reads its config (and a job, if one is named), binds
+ * the worker endpoint and the control socket, and runs jobs one after another (the boot job,
+ * then those submitted with omnivorectl submit) until it is told to stop. */
 #define OMV_LOG_TAG "omnivored"
 #include <errno.h>
 #include <getopt.h>
@@ -36,13 +37,24 @@ static void usage(FILE *out)
             "  -c, --config FILE      daemon config (INI, [daemon] section; see deploy/omnivored.conf)\n"
             "  -e, --endpoint EP      worker endpoint to bind (tcp://*:5555, ipc:///path)\n"
             "  -s, --control PATH     control socket path\n"
-            "  -j, --job FILE         job file to run\n"
+            "  -j, --job FILE         job file to run at start (without one: wait for\n"
+            "                         omnivorectl submit)\n"
+            "      --once             run the --job only: refuse submissions, and tell the\n"
+            "                         workers to exit when it ends (omnivorectl run uses it)\n"
             "  -d, --state-dir DIR    state folder (checkpoints under DIR/checkpoints/JOB)\n"
             "  -w, --workers N        override the job's [cluster] workers\n"
             "      --set S.K=V        override any job key, e.g. --set train.learning_rate=0.05\n"
             "  -l, --log-level LEVEL  error, warn, info or debug\n"
             "  -h, --help             this text\n"
             "  -V, --version          the version\n");
+}
+
+static int has_set(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--set") == 0 || strncmp(argv[i], "--set=", 6) == 0)
+            return 1;
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -60,11 +72,12 @@ int main(int argc, char **argv)
         {"workers", required_argument, NULL, 'w'}, {"set", required_argument, NULL, 'S'},
         {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},       {"state-dir", required_argument, NULL, 'd'},
+        {"once", no_argument, NULL, 'O'},
         {NULL, 0, NULL, 0},
     };
     /* First pass: the config file, so that flags override it. */
     int c;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hVO", opts, NULL)) != -1) {
         if (c == 'c' && omv_config_load(omv_daemon_table, omv_daemon_table_len, optarg, &cfg,
                                         NULL, err) < 0) {
             fprintf(stderr, "omnivored: %s\n", err);
@@ -82,7 +95,7 @@ int main(int argc, char **argv)
     }
     const char *workers = NULL, *config_path = NULL, *cli_log_level = NULL;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hVO", opts, NULL)) != -1) {
         const char *key = c == 'e' ? "endpoint" : c == 's' ? "control" : c == 'j' ? "job"
                         : c == 'l' ? "log_level" : c == 'd' ? "state_dir" : NULL;
         if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, &cfg, "daemon", key,
@@ -96,34 +109,42 @@ int main(int argc, char **argv)
             config_path = optarg;
         else if (c == 'l')
             cli_log_level = optarg;
+        else if (c == 'O')
+            cfg.once = 1;
     }
     if (omv_log_set_level_name(cfg.log_level) < 0) {
         fprintf(stderr, "omnivored: log level '%s' is not error, warn, info or debug\n",
                 cfg.log_level);
         return 2;
     }
-    if (cfg.job[0] == '\0') {
-        fprintf(stderr, "omnivored: no job: give --job FILE or set [daemon] job in the config\n");
+    int have_job = cfg.job[0] != '\0';
+    if (!have_job && cfg.once) {
+        fprintf(stderr, "omnivored: --once runs one job: give --job FILE or set [daemon] job\n");
         return 2;
     }
-    omv_job_t job;
-    if (omv_job_load(&job, cfg.job, err) < 0) {
+    if (!have_job && (workers || has_set(argc, argv))) {
+        fprintf(stderr, "omnivored: --workers and --set change the job, but there is none: give "
+                        "--job FILE\n");
+        return 2;
+    }
+    static omv_job_t job;
+    if (have_job && omv_job_load(&job, cfg.job, err) < 0) {
         fprintf(stderr, "omnivored: %s\n", err);
         return 2;
     }
-    if (workers && omv_config_set(omv_job_table, omv_job_table_len, &job, "cluster", "workers",
+    if (have_job && workers && omv_config_set(omv_job_table, omv_job_table_len, &job, "cluster", "workers",
                                   workers, err) < 0) {
         fprintf(stderr, "omnivored: --workers: %s\n", err);
         return 2;
     }
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hVO", opts, NULL)) != -1) {
         if (c == 'S' && omv_config_set_arg(omv_job_table, omv_job_table_len, &job, optarg, err) < 0) {
             fprintf(stderr, "omnivored: --set: %s\n", err);
             return 2;
         }
     }
-    if (omv_job_validate(&job, cfg.job, err) < 0) {
+    if (have_job && omv_job_validate(&job, cfg.job, err) < 0) {
         fprintf(stderr, "omnivored: %s\n", err);
         return 2;
     }
@@ -140,13 +161,16 @@ int main(int argc, char **argv)
     hup.sa_handler = on_hup;
     sigaction(SIGHUP, &hup, NULL);
 
-    omv_daemon_t *d = omv_daemon_new(&cfg, &job, cfg.job);
+    omv_daemon_t *d = omv_daemon_new(&cfg, have_job ? &job : NULL, cfg.job);
     if (d == NULL)
         return 1;
     /* Both sockets are bound and the control socket answers from here on. */
     char ready[512];
-    snprintf(ready, sizeof(ready), "waiting: job %s, %lld workers on %s", job.name,
-             (long long)job.workers, cfg.endpoint);
+    if (have_job)
+        snprintf(ready, sizeof(ready), "waiting: job %s, %lld workers on %s", job.name,
+                 (long long)job.workers, cfg.endpoint);
+    else
+        snprintf(ready, sizeof(ready), "idle: no job; workers on %s", cfg.endpoint);
     omv_notify_ready(ready);
     omv_daemon_set_reload(d, &reload_flag, config_path, cli_log_level);
     int r = omv_daemon_run(d, &stop_flag);

@@ -287,6 +287,13 @@ fail:
     return r;
 }
 
+void omv_router_drop_pipes(omv_router_t *self)
+{
+    for (int i = 0; i < self->n_pipes; i++)
+        omv_pipe_destroy(&self->pipes[i]);
+    self->n_pipes = 0;
+}
+
 void omv_pipe_destroy(omv_pipe_t **self_p)
 {
     omv_pipe_t *self = *self_p;

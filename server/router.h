@@ -70,6 +70,8 @@ typedef struct omv_pipe omv_pipe_t;
  * thread ends (before omv_router_destroy). Returns 0 or a negative errno. */
 int omv_router_pipe(omv_router_t *self, omv_pipe_t **ret_loop_end, omv_pipe_t **ret_thread_end);
 void omv_pipe_destroy(omv_pipe_t **self_p);
+/* Closes every loop end (their threads have ended and closed their ends): between jobs. */
+void omv_router_drop_pipes(omv_router_t *self);
 
 /* Sends a message of three parts: cmd[len], extra[extra_len] (may be empty) and, when payload
  * is not NULL, the payload (taken). Returns 0 or a negative errno. */

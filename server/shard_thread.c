@@ -323,6 +323,15 @@ void omv_shard_thread_destroy(omv_shard_thread_t **self_p)
     *self_p = NULL;
 }
 
+int omv_shard_thread_in_flight(const omv_shard_thread_t *self)
+{
+    for (int i = 0; i < self->n_snaps; i++)
+        if (atomic_load_explicit(&((omv_shard_thread_t *)self)->snaps[i].refs,
+                                 memory_order_acquire) != 0)
+            return 1;
+    return 0;
+}
+
 omv_pipe_t *omv_shard_thread_pipe(omv_shard_thread_t *self)
 {
     return self->loop_end;

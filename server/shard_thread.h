@@ -69,7 +69,10 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
 int omv_shard_thread_threaded(const omv_shard_thread_t *self);
 /* Tells the thread to quit and joins it; the shard is the caller's again. */
 void omv_shard_thread_stop(omv_shard_thread_t *self);
-/* Frees what is left; call after omv_router_destroy (ZeroMQ may hold snapshots until then). */
+/* Whether ZeroMQ holds one of the thread's snapshots (parameters on their way to a worker). */
+int omv_shard_thread_in_flight(const omv_shard_thread_t *self);
+/* Frees what is left; call once ZeroMQ holds no snapshot (omv_shard_thread_in_flight, or after
+ * omv_router_destroy). */
 void omv_shard_thread_destroy(omv_shard_thread_t **self_p);
 
 /* The event loop's end of the thread's pipe (replies arrive there). */

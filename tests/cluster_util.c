@@ -94,7 +94,7 @@ void sleep_ms(int ms)
 
 pid_t start_daemon(void)
 {
-    char *argv[] = {(char *)bin("OMNIVORED"), "--job", job_path, "--endpoint", endpoint,
+    char *argv[] = {(char *)bin("OMNIVORED"), "--once", "--job", job_path, "--endpoint", endpoint,
                     "--control", sock_path, "--state-dir", test_dir, "--log-level", "warn", NULL};
     return start_daemon_argv(argv);
 }

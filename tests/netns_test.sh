@@ -93,7 +93,7 @@ on() { # on NS HOSTNAME LOG COMMAND...
     ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$host" "$@" >"$log" 2>&1 &
     pids="$pids $!"
 }
-on "$ns_head" head "$tmp/daemon.log" "$daemon" --job "$tmp/job.ini" \
+on "$ns_head" head "$tmp/daemon.log" "$daemon" --once --job "$tmp/job.ini" \
     --endpoint tcp://10.77.0.1:5555 --control "$sock" --state-dir "$tmp" --log-level info
 daemon_pid=${pids##* }
 n=0

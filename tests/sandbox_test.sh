@@ -67,7 +67,7 @@ sock=$tmp/control.sock
 # A port of our own: the pid keeps concurrent runs apart.
 port=$((20000 + $$ % 20000))
 ep=tcp://127.0.0.1:$port
-run daemon "$fam_daemon" "$mdwe_daemon" "$daemon" --job "$tmp/job.ini" --endpoint "$ep" \
+run daemon "$fam_daemon" "$mdwe_daemon" "$daemon" --once --job "$tmp/job.ini" --endpoint "$ep" \
     --control "$sock" --state-dir "$tmp" --log-level warn
 d=$!
 pids="$d"

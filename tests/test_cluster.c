@@ -382,7 +382,7 @@ START_TEST(test_daemon_sighup_reload)
     ck_assert_ptr_nonnull(f);
     fprintf(f, "[daemon]\nlog_level = warn\n");
     fclose(f);
-    char *argv[] = {(char *)bin("OMNIVORED"), "--config", conf, "--job", job_path, "--endpoint",
+    char *argv[] = {(char *)bin("OMNIVORED"), "--once", "--config", conf, "--job", job_path, "--endpoint",
                     endpoint, "--control", sock_path, "--state-dir", test_dir, NULL};
     pid_t d = start_daemon_argv(argv);
     omv_strbuf_t body;

@@ -360,7 +360,7 @@ START_TEST(test_example_survives_a_killed_worker)
     snprintf(example, sizeof(example), "%s/examples/fashion-mlp.ini", getenv("OMV_SOURCE_ROOT"));
     snprintf(sock_path, sizeof(sock_path), "%s/control.sock", test_dir);
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", test_dir);
-    char *argv[] = {(char *)bin("OMNIVORED"), "--job", example, "--endpoint", endpoint,
+    char *argv[] = {(char *)bin("OMNIVORED"), "--once", "--job", example, "--endpoint", endpoint,
                     "--control", sock_path, "--state-dir", test_dir, "--log-level", "warn",
                     "--set", "cluster.worker_timeout_s=2", NULL};
     pid_t d = start_daemon_argv(argv);

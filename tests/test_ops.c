@@ -328,8 +328,9 @@ START_TEST(test_errors_say_what_to_do)
     /* Usage errors are 2, and --help names every command. */
     ck_assert_int_eq(ctl(out, sizeof(out), NULL, "frobnicate"), 2);
     ck_assert_int_eq(ctl(out, sizeof(out), NULL, "--help"), 0);
-    const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
-                          "summary", "checkpoint", "shutdown", "run",     "help"};
+    const char *cmds[] = {"status",     "workers",  "groups", "metrics", "watch",
+                          "summary",    "checkpoint", "shutdown", "run",   "help",
+                          "jobs",       "submit",   "stop"};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(cmds); i++) {
         char line[64];
         snprintf(line, sizeof(line), "\n  %s ", cmds[i]);
@@ -370,11 +371,25 @@ START_TEST(test_sd_notify)
     omv_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
     setenv("NOTIFY_SOCKET", path, 1);
+    setenv("WATCHDOG_USEC", "400000", 1); /* WatchdogSec=0.4 */
     pid_t d = start_daemon();
     unsetenv("NOTIFY_SOCKET");
+    unsetenv("WATCHDOG_USEC");
     char got[1024];
     ck_assert_msg(wait_notify(fd, "READY=1", got, sizeof(got), 5000) == 0, "no READY=1");
     ck_assert_msg(has_text(got, "STATUS=waiting: job blobs, 1 workers on ipc://"), "%s", got);
+    /* The loop keeps the watchdog fed while it waits for workers: every 0.2 s, not more. */
+    int fed = 0;
+    for (int64_t end = omv_time_ms() + 1200; omv_time_ms() < end;) {
+        ssize_t n = recv(fd, got, sizeof(got) - 1, MSG_DONTWAIT);
+        if (n <= 0) {
+            sleep_ms(10);
+            continue;
+        }
+        got[n] = '\0';
+        fed += has_text(got, "WATCHDOG=1");
+    }
+    ck_assert_msg(fed >= 2 && fed <= 12, "%d WATCHDOG=1 in 1.2 s with WatchdogSec=0.4", fed);
     /* A one-line progress once the job runs (the STATUS= line systemctl status shows). */
     pid_t w = start_worker_slow("trainer", "2");
     wait_status("step", 5, 30000);

@@ -27,6 +27,7 @@ typedef struct {
     uint32_t group;
     uint64_t start_step;
     omv_jobspec_t job;
+    int idle;     /* registered with a daemon that has no job now */
     int prepared; /* the engine and buffers below are built for job */
     omv_model_layout_t layout;
     omv_net_t *net;
@@ -109,8 +110,7 @@ static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
             continue;
         case OMV_MSG_STOP:
             if (m->u.stop.reconnect) {
-                omv_log_info("daemon says \"%s\": waiting for it to come back",
-                             m->u.stop.reason);
+                omv_log_info("daemon says \"%s\": registering again", m->u.stop.reason);
                 return WAIT_LOST;
             }
             omv_log_info("daemon says stop: \"%s\"", m->u.stop.reason);
@@ -136,6 +136,26 @@ static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
             return 0;
         }
     }
+}
+
+static void release_engine(session_t *s);
+
+/* Whether spec b is the job the engine was built for (a daemon restart resumes the same one). */
+static int same_job(const omv_jobspec_t *a, const omv_jobspec_t *b)
+{
+    return strcmp(a->name, b->name) == 0 && a->param_count == b->param_count &&
+           a->batch_size == b->batch_size && a->seed == b->seed &&
+           a->eval_batch_size == b->eval_batch_size && strcmp(a->model, b->model) == 0 &&
+           a->n_layers == b->n_layers &&
+           memcmp(a->layers, b->layers, a->n_layers * sizeof(a->layers[0])) == 0 &&
+           strcmp(a->data_format, b->data_format) == 0 &&
+           strcmp(a->train_images, b->train_images) == 0 &&
+           strcmp(a->train_labels, b->train_labels) == 0 &&
+           strcmp(a->test_images, b->test_images) == 0 &&
+           strcmp(a->test_labels, b->test_labels) == 0 && a->scale == b->scale &&
+           a->n_mean == b->n_mean && a->n_std == b->n_std &&
+           memcmp(a->mean, b->mean, a->n_mean * sizeof(a->mean[0])) == 0 &&
+           memcmp(a->std, b->std, a->n_std * sizeof(a->std[0])) == 0;
 }
 
 /* One registration attempt: Hello, then wait up to wait_ms for the Welcome. Returns 0,
@@ -173,17 +193,35 @@ static int handshake(session_t *s, int wait_ms)
         return -EPROTO;
     }
     s->worker_id = m.u.welcome.worker_id;
+    s->idle = m.u.welcome.idle;
+    if (s->idle)
+        return 0;
     s->group = m.u.welcome.group;
     s->start_step = m.u.welcome.start_step;
-    if (s->prepared && (strcmp(s->job.name, m.u.welcome.job.name) != 0 ||
-                        s->job.param_count != m.u.welcome.job.param_count ||
-                        s->job.batch_size != m.u.welcome.job.batch_size)) {
-        omv_log_warn("the daemon runs another job now ('%s'): starting over",
-                     m.u.welcome.job.name);
-        s->prepared = 0;
+    if (s->prepared && !same_job(&s->job, &m.u.welcome.job)) {
+        /* A daemon that runs jobs one after another: the next one may have another model or
+         * other data, so the engine is built again from the new spec. */
+        omv_log_info("the daemon runs job '%s' now (was '%s'): building its model",
+                     m.u.welcome.job.name, s->job.name);
+        release_engine(s);
     }
     s->job = m.u.welcome.job;
     return 0;
+}
+
+/* Registered while the daemon has no job: heartbeats until it says a job starts (Stop with
+ * reconnect: register again to get it) or that we are not needed (Stop). */
+static int idle(session_t *s)
+{
+    omv_log_info("registered as worker %u; the daemon has no job yet: waiting for one",
+                 s->worker_id);
+    for (;;) {
+        omv_msg_t m;
+        int r = wait_msg(s, &m, 0);
+        if (r != 0)
+            return r;
+        omv_log_warn("ignoring %s while there is no job", omv_msg_name(m.type));
+    }
 }
 
 /* Registers, trying again with backoff until deadline_ms (0: forever). Returns 0, WAIT_DONE, or
@@ -592,7 +630,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
         r = register_with_backoff(&s, deadline);
         if (r != 0)
             break;
-        r = cfg->role == OMV_ROLE_TRAINER ? train(&s) : evaluate(&s);
+        r = s.idle ? idle(&s) : cfg->role == OMV_ROLE_TRAINER ? train(&s) : evaluate(&s);
         if (r != WAIT_LOST)
             break;
         /* The daemon is gone or forgot us: find it again, for up to retry_ms. */

@@ -1,0 +1,258 @@
+/* A long-running omnivored with a job queue, with real processes: it starts with no job, its
+ * workers register and wait, jobs come through `omnivorectl submit`, run one after another with
+ * the same workers, and `omnivorectl stop` ends one with a checkpoint that a resubmission
+ * resumes. */
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cluster_util.h"
+#include "control.h"
+#include "strbuf.h"
+#include "util.h"
+
+/* Runs the real `omnivorectl --socket SOCK args` and returns its exit status; stdout and stderr
+ * land in out. */
+static int ctl(char *out, size_t cap, const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", bin("OMNIVORECTL"), sock_path, args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+static pid_t start_idle_daemon(void)
+{
+    char *argv[] = {(char *)bin("OMNIVORED"), "--endpoint", endpoint, "--control", sock_path,
+                    "--state-dir", test_dir, "--log-level", "warn", NULL};
+    return start_daemon_argv(argv);
+}
+
+/* Polls `jobs` until key (in the section that holds it first) reads want. */
+static void wait_jobs_text(const char *key, const char *want, int timeout_ms, char *out,
+                           size_t cap)
+{
+    int64_t deadline = omv_time_ms() + timeout_ms;
+    for (;;) {
+        ck_assert_int_eq(ctl(out, cap, "jobs"), 0);
+        char v[128] = "";
+        if (text_field(out, key, v, sizeof(v)) == 0 && strcmp(v, want) == 0)
+            return;
+        ck_assert_msg(omv_time_ms() < deadline, "jobs: %s did not become '%s' within %d ms:\n%s",
+                      key, want, timeout_ms, out);
+        sleep_ms(50);
+    }
+}
+
+/* The worker ids `workers` lists, as one string ("1 2 3"). */
+static void worker_ids(char *ids, size_t cap)
+{
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("workers", &body);
+    ids[0] = '\0';
+    for (const char *p = omv_strbuf_str(&body); (p = strstr(p, "# worker ")) != NULL; p += 9) {
+        char one[16];
+        snprintf(one, sizeof(one), "%s%d", ids[0] ? " " : "", atoi(p + 9));
+        strncat(ids, one, cap - strlen(ids) - 1);
+    }
+    omv_strbuf_fini(&body);
+}
+
+START_TEST(test_queue_runs_jobs_with_the_same_workers)
+{
+    write_job(2, 2, "");
+    pid_t d = start_idle_daemon();
+    char out[16384];
+    /* No job yet: status says so, and job-only commands say what to do. */
+    ck_assert_int_eq(ctl(out, sizeof(out), "status"), 0);
+    ck_assert_msg(has_text(out, "\nstate:idle\n"), "%s", out);
+    ck_assert_int_eq(ctl(out, sizeof(out), "summary"), 1);
+    ck_assert_msg(has_text(out, "no job is loaded; submit one"), "%s", out);
+    ck_assert_int_eq(ctl(out, sizeof(out), "stop"), 1);
+    ck_assert_msg(has_text(out, "no job is running"), "%s", out);
+
+    pid_t w1 = start_worker("trainer"), w2 = start_worker("trainer");
+    pid_t ev = start_worker("evaluator");
+    wait_status("workers_waiting", 3, 20000);
+    char ids_before[64];
+    worker_ids(ids_before, sizeof(ids_before));
+    ck_assert_msg(has_text(ids_before, " ") && strlen(ids_before) >= 5, "%s", ids_before);
+    ck_assert_int_eq(ctl(out, sizeof(out), "workers"), 0);
+    ck_assert_msg(has_text(out, "state:idle") && !has_text(out, "state:alive"), "%s", out);
+
+    /* Two jobs: the first runs now, the second waits its turn. */
+    char args[1200];
+    snprintf(args, sizeof(args), "submit %s --set job.name=first", job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_msg(has_text(out, "\nname:first\n") && has_text(out, "\nstate:waiting\n"), "%s",
+                  out);
+    snprintf(args, sizeof(args), "submit %s --set job.name=second --set job.epochs=1", job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_msg(has_text(out, "\nstate:queued\nposition:1\n"), "%s", out);
+    ck_assert_int_eq(ctl(out, sizeof(out), "jobs"), 0);
+    ck_assert_msg(has_text(out, "# queued_2\nposition:1\nname:second\n"), "%s", out);
+
+    wait_jobs_text("finished_total", "2", 60000, out, sizeof(out));
+    /* Newest first; both done, with a real accuracy (4 well separated classes). */
+    const char *f2 = strstr(out, "# finished_2\n"), *f1 = strstr(out, "# finished_1\n");
+    ck_assert_msg(f2 && f1 && f2 < f1, "%s", out);
+    ck_assert_msg(has_text(f2, "name:second\nfile:") && has_text(f1, "name:first\nfile:"), "%s",
+                  out);
+    char state[32];
+    ck_assert_int_eq(text_field(f2 - 1, "state", state, sizeof(state)), 0);
+    ck_assert_str_eq(state, "done");
+    ck_assert_int_eq(text_field(f1 - 1, "state", state, sizeof(state)), 0);
+    ck_assert_str_eq(state, "done");
+    ck_assert_msg(field(f1 - 1, "test_accuracy") > 0.9 && field(f2 - 1, "test_accuracy") > 0.9,
+                  "%s", out);
+    ck_assert_msg(fabs(field(f1 - 1, "epochs") - 2.0) < 0.1 &&
+                      fabs(field(f2 - 1, "epochs") - 1.0) < 0.1, "%s", out);
+
+    /* The same processes, with the same ids, wait for the next job. */
+    wait_status("workers_waiting", 3, 20000);
+    ck_assert_int_eq(kill(w1, 0) + kill(w2, 0) + kill(ev, 0), 0);
+    char ids_after[64];
+    worker_ids(ids_after, sizeof(ids_after));
+    ck_assert_str_eq(ids_after, ids_before);
+    ck_assert_int_eq(status_field("rejoins_total"), 0);
+    ck_assert_int_eq(status_field("refused_total"), 0);
+
+    /* Bad submissions are refused with the reason, and change nothing. */
+    ck_assert_int_eq(ctl(out, sizeof(out), "submit /nonexistent/job.ini"), 2);
+    ck_assert_msg(has_text(out, "/nonexistent/job.ini: No such file"), "%s", out);
+    snprintf(args, sizeof(args), "submit %s --set data.train_images=%s", job_path, job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 1);
+    ck_assert_msg(has_text(out, "job refused:") && has_text(out, "job.ini: not an IDX image"),
+                  "%s", out);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int r = omv_control_request(sock_path, "submit job.ini", &body, 5000);
+    ck_assert_int_eq(r, -EREMOTEIO);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "absolute path"), "%s",
+                  omv_strbuf_str(&body));
+    ck_assert_int_eq(status_field("jobs_submitted_total"), 2);
+
+    shutdown_daemon(d);
+    /* The workers were told to wait for a daemon to come back: stop them. */
+    kill(w1, SIGTERM);
+    kill(w2, SIGTERM);
+    kill(ev, SIGTERM);
+    expect_exit_0(w1, "trainer 1");
+    expect_exit_0(w2, "trainer 2");
+    expect_exit_0(ev, "evaluator");
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
+START_TEST(test_stop_checkpoints_and_resubmit_resumes)
+{
+    write_job(2, 400, "");
+    pid_t d = start_idle_daemon();
+    pid_t w1 = start_worker_slow("trainer", "2"), w2 = start_worker_slow("trainer", "2");
+    pid_t ev = start_worker("evaluator");
+    wait_status("workers_waiting", 3, 20000);
+    char out[16384], args[1200];
+    snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
+             job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    snprintf(args, sizeof(args), "submit %s --set job.name=next --set job.epochs=1", job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    /* Drop a queued job by id, then queue it again. */
+    ck_assert_int_eq(ctl(out, sizeof(out), "stop 2"), 0);
+    ck_assert_msg(has_text(out, "state:dropped from the queue"), "%s", out);
+    ck_assert_int_eq(ctl(out, sizeof(out), "stop 2"), 1);
+    ck_assert_msg(has_text(out, "no job '2' is running or queued"), "%s", out);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+
+    double epoch = wait_status("epoch", 0.5, 60000);
+    ck_assert_int_eq(ctl(out, sizeof(out), "stop long"), 0);
+    ck_assert_msg(has_text(out, "# stop\nid:1\nname:long\n"), "%s", out);
+    /* It ends once a checkpoint holds whole steps; the next job starts. */
+    wait_jobs_text("finished_total", "1", 30000, out, sizeof(out));
+    const char *f = strstr(out, "# finished_1\n");
+    ck_assert_ptr_nonnull(f);
+    char state[32];
+    ck_assert_int_eq(text_field(f - 1, "state", state, sizeof(state)), 0);
+    ck_assert_str_eq(state, "stopped");
+    double stopped_at = field(f - 1, "epochs");
+    ck_assert_msg(stopped_at >= epoch, "stopped at epoch %g, before %g", stopped_at, epoch);
+    ck_assert_msg(has_text(out, "reason:stopped by omnivorectl stop"), "%s", out);
+    char ckpt[1024];
+    snprintf(ckpt, sizeof(ckpt), "%s/checkpoints/long/checkpoint-00000001.omv", test_dir);
+    ck_assert_msg(access(ckpt, R_OK) == 0, "no checkpoint at %s", ckpt);
+
+    /* Submitting it again resumes where it stopped (after 'next', which is queued first). */
+    snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
+             job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    wait_jobs_text("name", "long", 60000, out, sizeof(out)); /* the current job comes first */
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("status", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "resumed_from:") &&
+                      has_text(omv_strbuf_str(&body), "checkpoint-00000001.omv"),
+                  "%s", omv_strbuf_str(&body));
+    ck_assert_msg(field(omv_strbuf_str(&body), "epoch") >= stopped_at - 1e-6, "%s",
+                  omv_strbuf_str(&body));
+    ck_assert_int_eq(ctl(out, sizeof(out), "stop"), 0);
+    wait_jobs_text("finished_total", "3", 30000, out, sizeof(out));
+    ck_assert_int_eq(status_field("workers_alive"), 0);
+
+    shutdown_daemon(d);
+    kill(w1, SIGTERM);
+    kill(w2, SIGTERM);
+    kill(ev, SIGTERM);
+    expect_exit_0(w1, "trainer 1");
+    expect_exit_0(w2, "trainer 2");
+    expect_exit_0(ev, "evaluator");
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
+/* --once (omnivorectl run): no submissions, and the workers exit with the job. */
+START_TEST(test_once_refuses_submissions)
+{
+    write_job(1, 1, "");
+    pid_t d = start_daemon();
+    char out[4096], args[1200];
+    snprintf(args, sizeof(args), "submit %s", job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 1);
+    ck_assert_msg(has_text(out, "runs one job only"), "%s", out);
+    pid_t w = start_worker("trainer"), ev = start_worker("evaluator");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done(&body, 60000);
+    expect_exit_0(w, "trainer");
+    expect_exit_0(ev, "evaluator");
+    shutdown_daemon(d);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("jobs");
+    TCase *tc = tcase_create("queue");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 240);
+    tcase_add_test(tc, test_queue_runs_jobs_with_the_same_workers);
+    tcase_add_test(tc, test_stop_checkpoints_and_resubmit_resumes);
+    tcase_add_test(tc, test_once_refuses_submissions);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
