@@ -1124,6 +1124,7 @@ void omv_daemon_unload_job(omv_daemon_t *d)
     d->last_cron_ms = keep->last_cron_ms;
     memcpy(d->queue, keep->queue, sizeof(d->queue));
     d->n_queue = keep->n_queue;
+    d->queue_dirty = keep->queue_dirty;
     memcpy(d->finished, keep->finished, sizeof(d->finished));
     d->n_finished_total = keep->n_finished_total;
     d->jobs_loaded_total = keep->jobs_loaded_total;
@@ -1159,6 +1160,8 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
                       omv_strerror(r), r == -EADDRINUSE ? " (another omnivored runs there)" : "");
         goto fail;
     }
+    if (!cfg->once)
+        omv_daemon_jobs_restore(d);
     if (job != NULL) {
         r = omv_daemon_load_job(d, job, job_path, ++d->jobs_submitted_total);
         if (r < 0)

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon_priv.h"
 #include "job.h"
@@ -28,6 +29,7 @@ static void record_end(omv_daemon_t *d)
     if (!d->has_job || !OMV_JOB_OVER(d->state) || d->job_recorded)
         return;
     d->job_recorded = 1;
+    d->queue_dirty = 1;
     finished_job_t *f = &d->finished[d->n_finished_total++ % OMV_DAEMON_MAX_FINISHED];
     memset(f, 0, sizeof(*f));
     f->id = d->job_id;
@@ -64,7 +66,11 @@ static void start_next(omv_daemon_t *d)
         omv_log_info("starting job %llu '%s' (%s); %u more queued", (unsigned long long)q.id,
                      q.job->name, q.path, d->n_queue);
         int r = omv_daemon_load_job(d, q.job, q.path, q.id);
-        if (r < 0) {
+        d->queue_dirty = 1;
+        if (r == 0) {
+            d->job_submitted = 1;
+            memcpy(d->job_sets, q.sets, sizeof(d->job_sets));
+        } else {
             char why[160];
             snprintf(why, sizeof(why), "could not be loaded: %s (see the daemon's log)",
                      omv_strerror(r));
@@ -75,6 +81,127 @@ static void start_next(omv_daemon_t *d)
         if (r == 0)
             return;
     }
+}
+
+static void queue_path(const omv_daemon_t *d, char *path, size_t cap)
+{
+    snprintf(path, cap, "%s/jobs.queue", d->cfg.state_dir);
+}
+
+static void write_entry(FILE *f, uint64_t id, const char *path, const char *sets)
+{
+    fprintf(f, "%llu\t%s%s%s\n", (unsigned long long)id, path, sets[0] ? "\t" : "", sets);
+}
+
+/* Writes STATE_DIR/jobs.queue (tmp file, then rename): a submitted job that is not over, then
+ * the queue. Without anything to keep, the file goes. */
+static void save_queue(omv_daemon_t *d)
+{
+    d->queue_dirty = 0;
+    if (d->cfg.state_dir[0] == '\0' || d->cfg.once)
+        return;
+    char path[OMV_JOB_PATH_MAX + 16], tmp[OMV_JOB_PATH_MAX + 32];
+    queue_path(d, path, sizeof(path));
+    int current = d->has_job && d->job_submitted && !OMV_JOB_OVER(d->state);
+    if (!current && d->n_queue == 0) {
+        if (unlink(path) < 0 && errno != ENOENT)
+            omv_log_warn("cannot remove %s: %s", path, strerror(errno));
+        return;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL) {
+        omv_log_warn("cannot write %s: %s; the queue will not outlive a restart", tmp,
+                     strerror(errno));
+        return;
+    }
+    fprintf(f, "# omnivored's jobs, restored when it starts again: the job that was running,\n"
+               "# then the queue. One per line: ID<TAB>FILE[<TAB>SECTION.KEY=VALUE]...\n");
+    if (current)
+        write_entry(f, d->job_id, d->job_path, d->job_sets);
+    for (uint32_t i = 0; i < d->n_queue; i++)
+        write_entry(f, d->queue[i].id, d->queue[i].path, d->queue[i].sets);
+    int bad = ferror(f) | (fflush(f) != 0) | (fsync(fileno(f)) != 0);
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) < 0) {
+        omv_log_warn("cannot write %s: %s; the queue will not outlive a restart", path,
+                     strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* Parses one job with its overrides (tab- or argv-separated); returns NULL with err set. */
+static omv_job_t *parse_job(const char *path, char *const *sets, int n_sets, char *err)
+{
+    omv_job_t *job = malloc(sizeof(*job));
+    if (job == NULL) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "out of memory");
+        return NULL;
+    }
+    int r = omv_job_load(job, path, err);
+    for (int i = 0; r >= 0 && i < n_sets; i++)
+        r = omv_config_set_arg(omv_job_table, omv_job_table_len, job, sets[i], err);
+    if (r >= 0)
+        r = omv_job_validate(job, path, err);
+    if (r >= 0)
+        r = omv_daemon_check_job(job, err);
+    if (r < 0) {
+        free(job);
+        return NULL;
+    }
+    return job;
+}
+
+void omv_daemon_jobs_restore(omv_daemon_t *d)
+{
+    if (d->cfg.state_dir[0] == '\0')
+        return;
+    char path[OMV_JOB_PATH_MAX + 16];
+    queue_path(d, path, sizeof(path));
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    char line[OMV_JOB_PATH_MAX + OMV_DAEMON_SETS_MAX + 32];
+    int n = 0;
+    while (fgets(line, sizeof(line), f) && d->n_queue < OMV_DAEMON_MAX_QUEUE) {
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0] == '#' || line[0] == '\0')
+            continue;
+        char *fields[OMV_CONTROL_MAX_ARGS + 2], *save = NULL;
+        int nf = 0;
+        for (char *t = strtok_r(line, "\t", &save); t && nf < OMV_CONTROL_MAX_ARGS + 2;
+             t = strtok_r(NULL, "\t", &save))
+            fields[nf++] = t;
+        char *end = NULL;
+        unsigned long long id = nf >= 2 ? strtoull(fields[0], &end, 10) : 0;
+        if (id == 0 || *end != '\0') {
+            omv_log_warn("%s: skipping a line that is not ID<TAB>FILE[<TAB>KEY=VALUE]...", path);
+            continue;
+        }
+        char err[OMV_CONFIG_ERR_MAX];
+        omv_job_t *job = parse_job(fields[1], fields + 2, nf - 2, err);
+        if (job == NULL) {
+            omv_log_error("%s: job %llu cannot be restored: %s", path, id, err);
+            continue;
+        }
+        queued_job_t *q = &d->queue[d->n_queue++];
+        memset(q, 0, sizeof(*q));
+        q->id = id;
+        q->job = job;
+        omv_strlcpy(q->path, fields[1], sizeof(q->path));
+        for (int i = 2; i < nf; i++) {
+            size_t at = strlen(q->sets);
+            snprintf(q->sets + at, sizeof(q->sets) - at, "%s%s", i > 2 ? "\t" : "", fields[i]);
+        }
+        q->submitted_s = omv_time_s();
+        if (id > d->jobs_submitted_total)
+            d->jobs_submitted_total = id;
+        n++;
+    }
+    fclose(f);
+    if (n)
+        omv_log_info("restored %d job%s from %s (the first resumes from its checkpoints)", n,
+                     n == 1 ? "" : "s", path);
 }
 
 void omv_daemon_jobs_poll(omv_daemon_t *d)
@@ -94,6 +221,8 @@ void omv_daemon_jobs_poll(omv_daemon_t *d)
         record_end(d);
     if ((!d->has_job || OMV_JOB_OVER(d->state)) && d->n_queue > 0 && !d->cfg.once)
         start_next(d);
+    if (d->queue_dirty)
+        save_queue(d);
 }
 
 void omv_daemon_jobs_free(omv_daemon_t *d)
@@ -128,30 +257,31 @@ static int submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t
                           OMV_DAEMON_MAX_QUEUE);
         return -EAGAIN;
     }
-    omv_job_t *job = malloc(sizeof(*job));
-    if (job == NULL) {
-        omv_strbuf_printf(reply, "out of memory");
-        return -ENOMEM;
+    char sets[OMV_DAEMON_SETS_MAX] = "";
+    for (int i = 2; i < argc; i++) {
+        size_t at = strlen(sets);
+        if (snprintf(sets + at, sizeof(sets) - at, "%s%s", i > 2 ? "\t" : "", argv[i]) >=
+            (int)(sizeof(sets) - at)) {
+            omv_strbuf_printf(reply, "job refused: overrides longer than %d bytes",
+                              OMV_DAEMON_SETS_MAX - 1);
+            return -EINVAL;
+        }
     }
     char err[OMV_CONFIG_ERR_MAX];
-    int r = omv_job_load(job, path, err);
-    for (int i = 2; r >= 0 && i < argc; i++)
-        r = omv_config_set_arg(omv_job_table, omv_job_table_len, job, argv[i], err);
-    if (r >= 0)
-        r = omv_job_validate(job, path, err);
-    if (r >= 0)
-        r = omv_daemon_check_job(job, err);
-    if (r < 0) {
+    omv_job_t *job = parse_job(path, argv + 2, argc - 2, err);
+    if (job == NULL) {
         omv_log_warn("refused a submitted job: %s", err);
         omv_strbuf_printf(reply, "job refused: %s", err);
-        free(job);
         return -EINVAL;
     }
     queued_job_t *q = &d->queue[d->n_queue++];
+    memset(q, 0, sizeof(*q));
     q->id = ++d->jobs_submitted_total;
     q->job = job;
     omv_strlcpy(q->path, path, sizeof(q->path));
+    memcpy(q->sets, sets, sizeof(q->sets));
     q->submitted_s = omv_time_s();
+    d->queue_dirty = 1;
     uint64_t id = q->id;
     char name[64];
     omv_strlcpy(name, job->name, sizeof(name));
@@ -213,6 +343,7 @@ static int stop(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *
             free(q->job);
             memmove(q, q + 1, (d->n_queue - i - 1) * sizeof(*q));
             d->n_queue--;
+            d->queue_dirty = 1;
             return 0;
         }
         omv_strbuf_printf(reply, "no job '%s' is running or queued; see 'jobs'", what);

@@ -90,10 +90,13 @@ typedef struct {
 #define OMV_DAEMON_MAX_PHASES 64
 
 /* A submitted job waiting its turn. */
+#define OMV_DAEMON_SETS_MAX 2048
+
 typedef struct {
     uint64_t id;
     omv_job_t *job; /* parsed, with the submitter's overrides, validated */
     char path[OMV_JOB_PATH_MAX];
+    char sets[OMV_DAEMON_SETS_MAX]; /* the overrides, tab-separated (kept in jobs.queue) */
     double submitted_s;
 } queued_job_t;
 
@@ -212,6 +215,9 @@ struct omv_daemon {
     uint32_t n_finished_total;
     uint64_t jobs_loaded_total, jobs_submitted_total;
     int job_recorded;       /* the current job's end is in finished[] */
+    int job_submitted;      /* the current job came from the queue (not the boot job) */
+    char job_sets[OMV_DAEMON_SETS_MAX]; /* its overrides, for jobs.queue */
+    int queue_dirty;        /* jobs.queue is to be written again */
     int stop_requested;     /* `omnivorectl stop`: end once the checkpoint is written */
     double stop_requested_s;
 };
@@ -262,6 +268,9 @@ int omv_daemon_jobs_control(omv_daemon_t *d, int argc, char **argv, int json,
 void omv_daemon_jobs_poll(omv_daemon_t *d);
 /* Frees the queue (at exit). */
 void omv_daemon_jobs_free(omv_daemon_t *d);
+/* Queues the jobs STATE_DIR/jobs.queue lists (a job interrupted by a restart first, then the
+ * queued ones, with their ids and overrides), from the last run of the daemon. */
+void omv_daemon_jobs_restore(omv_daemon_t *d);
 
 /* Answers peer with a refusal, logs it (the first few of each kind) and counts it. */
 void omv_daemon_refuse(omv_daemon_t *d, const omv_peer_t *peer, omv_refuse_t code,

@@ -220,6 +220,57 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
 }
 END_TEST
 
+/* `systemctl restart omnivored` with a submitted job running and another queued: the new daemon
+ * resumes the first from its checkpoint and keeps the second queued, with the same ids. */
+START_TEST(test_restart_restores_the_queue)
+{
+    write_job(2, 400, "");
+    pid_t d = start_idle_daemon();
+    pid_t w1 = start_worker_slow("trainer", "2"), w2 = start_worker_slow("trainer", "2");
+    pid_t ev = start_worker("evaluator");
+    wait_status("workers_waiting", 3, 20000);
+    char out[16384], args[1200];
+    snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
+             job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    snprintf(args, sizeof(args), "submit %s --set job.name=after --set job.epochs=1", job_path);
+    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    double epoch = wait_status("epoch", 0.3, 60000);
+    char queue[700];
+    snprintf(queue, sizeof(queue), "%s/jobs.queue", test_dir);
+    ck_assert_msg(access(queue, R_OK) == 0, "no %s", queue);
+
+    kill(d, SIGTERM); /* writes a checkpoint; the workers wait for a daemon */
+    expect_exit_0(d, "omnivored after SIGTERM");
+    d = start_idle_daemon();
+    wait_status("epoch", epoch, 30000); /* resumed, not started over */
+    ck_assert_int_eq(ctl(out, sizeof(out), "jobs"), 0);
+    ck_assert_msg(has_text(out, "# current\nid:1\nname:long\n"), "%s", out);
+    ck_assert_msg(has_text(out, "# queued_2\nposition:1\nname:after\n"), "%s", out);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("status", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "checkpoints/long/checkpoint-"), "%s",
+                  omv_strbuf_str(&body));
+    /* The overrides came back too: 'after' trains one epoch. */
+    ck_assert_int_eq(ctl(out, sizeof(out), "stop"), 0);
+    wait_jobs_text("finished_total", "2", 60000, out, sizeof(out));
+    ck_assert_msg(has_text(out, "# finished_2\nname:after\n"), "%s", out);
+    ck_assert_msg(fabs(field(strstr(out, "# finished_2\n") - 1, "epochs") - 1.0) < 0.1, "%s",
+                  out);
+    /* Nothing left to restore. */
+    ck_assert_int_eq(access(queue, F_OK), -1);
+    shutdown_daemon(d);
+    kill(w1, SIGTERM);
+    kill(w2, SIGTERM);
+    kill(ev, SIGTERM);
+    expect_exit_0(w1, "trainer 1");
+    expect_exit_0(w2, "trainer 2");
+    expect_exit_0(ev, "evaluator");
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
 /* --once (omnivorectl run): no submissions, and the workers exit with the job. */
 START_TEST(test_once_refuses_submissions)
 {
@@ -248,6 +299,7 @@ int main(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_queue_runs_jobs_with_the_same_workers);
     tcase_add_test(tc, test_stop_checkpoints_and_resubmit_resumes);
+    tcase_add_test(tc, test_restart_restores_the_queue);
     tcase_add_test(tc, test_once_refuses_submissions);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
