@@ -400,6 +400,11 @@ static void progress(omv_daemon_t *d)
             d->ckpt_due = 1;
     }
     omv_daemon_checkpoint_if_due(d);
+    if (d->stop_requested && !d->ckpt_due && d->state == JOB_RUNNING) {
+        /* `omnivorectl stop`: at once, so that no step goes past the checkpoint. */
+        omv_daemon_finish(d, JOB_STOPPED, "stopped by omnivorectl stop");
+        return;
+    }
     if (d->state != JOB_RUNNING)
         return;
     /* With a change pending, only groups that began their step may finish it; the others wait

@@ -161,6 +161,7 @@ int omv_daemon_resume(omv_daemon_t *d)
         d->start_s = d->end_s = d->train_end_s = omv_time_s();
     }
     omv_strlcpy(d->ckpt_resumed_from, path, sizeof(d->ckpt_resumed_from));
+    d->ckpt_resumed_epoch = omv_daemon_epoch(d);
     omv_strlcpy(d->ckpt_last_path, path, sizeof(d->ckpt_last_path));
     omv_log_info("resumed from %s: epoch %.2f, %" PRIu64 " images, %u evaluations%s", path,
                  omv_daemon_epoch(d), c.images_total, c.n_history,

@@ -432,7 +432,7 @@ static void reply_jobs(omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_kv_str(&kv, "file", f->path);
         omv_kv_str(&kv, "state", omv_daemon_state_names[f->state]);
         omv_kv_double(&kv, "test_accuracy", f->accuracy, 4);
-        omv_kv_double(&kv, "epochs", f->epochs, 2);
+        omv_kv_double(&kv, "epochs", f->epochs, 3);
         omv_kv_double(&kv, "wall_seconds", f->wall_s, 1);
         omv_kv_double(&kv, "ended_seconds_ago", now - f->end_s, 0);
         if (f->reason[0])

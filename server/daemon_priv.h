@@ -196,6 +196,7 @@ struct omv_daemon {
     uint64_t ckpt_last_step;
     char ckpt_last_path[OMV_JOB_PATH_MAX + 64];
     char ckpt_resumed_from[OMV_JOB_PATH_MAX + 64];
+    double ckpt_resumed_epoch; /* where the job stood in it */
     uint64_t ckpt_written_total, ckpt_failed_total;
     double ckpt_last_ms; /* how long the last write took */
 

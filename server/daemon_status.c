@@ -142,6 +142,7 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_int(&kv, "failed_total", (int64_t)d->ckpt_failed_total);
     omv_kv_double(&kv, "last_write_ms", d->ckpt_last_ms, 1);
     omv_kv_str(&kv, "resumed_from", d->ckpt_resumed_from);
+    omv_kv_double(&kv, "resumed_epoch", d->ckpt_resumed_from[0] ? d->ckpt_resumed_epoch : NAN, 3);
     omv_kv_section(&kv, "refusals");
     char key[64];
     uint64_t total = 0;
