@@ -176,8 +176,14 @@ static void reply_workers(omv_daemon_t *d, omv_strbuf_t *out, int json)
                         ? omv_groups_of(d->groups, m->slot)
                         : -1;
         omv_kv_int(&kv, "group", group);
+        omv_kv_int(&kv, "step", m->served ? (int64_t)m->served_step : -1);
         omv_kv_int(&kv, "steps", (int64_t)m->steps);
         omv_kv_int(&kv, "images", (int64_t)m->images);
+        /* Its images over its time in this job. */
+        double in_job_s = (double)(now - m->joined_ms) / 1000.0;
+        omv_kv_double(&kv, "images_per_second",
+                      in_job_s > 0 && m->state == MEMBER_ALIVE ? (double)m->images / in_job_s : 0,
+                      1);
         omv_kv_double(&kv, "compute_ms", m->last_compute_ms, 1);
         omv_kv_int(&kv, "slice_begin", m->slice_begin);
         omv_kv_int(&kv, "slice_count", m->slice_count);

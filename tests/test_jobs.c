@@ -176,6 +176,16 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
     ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
 
     double epoch = wait_status("epoch", 0.5, 60000);
+    /* Each training worker says where it is and how fast it goes. */
+    ck_assert_int_eq(ctl(out, sizeof(out), "workers"), 0);
+    int trainers = 0;
+    for (const char *p = out; (p = strstr(p, "\nrole:trainer\n")) != NULL; p++, trainers++) {
+        ck_assert_msg(field(p, "step") >= 1 && field(p, "images_per_second") > 0, "%s", out);
+        char st[16];
+        ck_assert_int_eq(text_field(p, "state", st, sizeof(st)), 0);
+        ck_assert_str_eq(st, "alive");
+    }
+    ck_assert_int_eq(trainers, 2);
     ck_assert_int_eq(ctl(out, sizeof(out), "stop long"), 0);
     ck_assert_msg(has_text(out, "# stop\nid:1\nname:long\n"), "%s", out);
     /* It ends once a checkpoint holds whole steps; the next job starts. */
