@@ -9,7 +9,8 @@
 #                             [--no-grid]
 #
 # Every run is `omnivorectl run JOB` with an evaluation every half epoch; the time to the target
-# is the wall time of the first evaluation at or above it (none: the run never got there).
+# is the wall time of the first evaluation at or above it (none: the run never got there), and
+# the run ends there ([job] stop_at_accuracy), so only runs that miss it train every epoch.
 # Prints a table, the ratios the issue asks for, and every figure as one JSON object last.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +43,8 @@ run() {
     for s in "$@"; do sets+=(--set "$s"); done
     local line
     line=$("$ctl" run "$job" --workers "$workers" --json --set job.epochs="$epochs" \
-        --set eval.every_epochs=0.5 --set checkpoint.every_s=0 "${sets[@]}" 2>/dev/null |
+        --set eval.every_epochs=0.5 --set checkpoint.every_s=0 \
+        --set job.stop_at_accuracy="$target" "${sets[@]}" 2>/dev/null |
         tail -n 1)
     local rec
     rec=$(python3 - "$line" "$name" "$target" <<'PY'

@@ -21,6 +21,9 @@ const omv_config_entry_t omv_job_table[] = {
     {"job", "name", STR(name), "job", 0, 0, 0, "a name for logs and status"},
     {"job", "epochs", INT(epochs), "3", 1, 10000, 0, "passes over the training set"},
     {"job", "seed", INT(seed), "42", 0, 9.0e15, 0, "seed for initialisation and shuffles"},
+    {"job", "stop_at_accuracy", DBL(stop_at_accuracy), "0", 0, 1, 0,
+     "end the job, done, at the first evaluation with at least this test accuracy (0: train "
+     "all epochs)"},
     {"model", "layers", STR(layers_text), NULL, 0, 0, 0,
      "MLP widths, input first, e.g. 784 256 10 (ReLU between, softmax cross-entropy at the end); "
      "empty when definition is set"},

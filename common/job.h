@@ -16,6 +16,7 @@ typedef struct {
     /* [job] */
     char name[64];
     int64_t epochs;
+    double stop_at_accuracy; /* 0: off */
     int64_t seed;
     /* [model]: either layers (an MLP) or definition (a file, one layer per line) */
     char layers_text[256];

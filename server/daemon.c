@@ -651,6 +651,12 @@ static void on_eval_result(omv_daemon_t *d, member_t *m, const omv_eval_result_t
             omv_daemon_finish(d, JOB_DONE, "job done");
         else
             request_eval(d);
+    } else if (d->job.stop_at_accuracy > 0 && acc >= d->job.stop_at_accuracy &&
+               d->state == JOB_RUNNING) {
+        omv_log_info("test accuracy %.4f reached [job] stop_at_accuracy = %g after %.1f s",
+                     acc, d->job.stop_at_accuracy, d->eval_wall_s);
+        d->train_end_s = now_s();
+        omv_daemon_finish(d, JOB_DONE, "reached stop_at_accuracy");
     } else if (d->eval_wanted) {
         request_eval(d);
     }

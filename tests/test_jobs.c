@@ -282,6 +282,20 @@ START_TEST(test_restart_restores_the_queue)
 }
 END_TEST
 
+/* [job] stop_at_accuracy: the job ends, done, at the first evaluation that reaches it. */
+START_TEST(test_stop_at_accuracy)
+{
+    write_job(1, 200, "");
+    char out[65536];
+    int rc = run_ctl(out, sizeof(out), "--set job.stop_at_accuracy=0.9");
+    ck_assert_msg(rc == 0, "omnivorectl run exited %d: %s", rc, out);
+    double acc = json_number(out, "test_accuracy"), epoch = json_number(out, "epoch");
+    ck_assert_msg(acc >= 0.9, "%s", out);
+    ck_assert_msg(epoch < 20, "it trained %g of 200 epochs: %s", epoch, out);
+    ck_assert_msg(has_text(out, "\"state\":\"done\""), "%s", out);
+}
+END_TEST
+
 /* --once (omnivorectl run): no submissions, and the workers exit with the job. */
 START_TEST(test_once_refuses_submissions)
 {
@@ -312,6 +326,7 @@ int main(void)
     tcase_add_test(tc, test_stop_checkpoints_and_resubmit_resumes);
     tcase_add_test(tc, test_restart_restores_the_queue);
     tcase_add_test(tc, test_once_refuses_submissions);
+    tcase_add_test(tc, test_stop_at_accuracy);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
