@@ -307,6 +307,7 @@ static void start_job(omv_daemon_t *d, const char *why)
     d->ckpt_last_s = d->start_s;
     d->ckpt_last_step = omv_groups_min_clock(d->groups);
     assign_slices(d);
+    omv_daemon_timeline_start(d);
     if (omv_daemon_opt_start(d) < 0) {
         finish(d, JOB_FAILED, "the optimizer cannot start (see the log)");
         return;
@@ -324,6 +325,7 @@ static void finish(omv_daemon_t *d, job_state_t state, const char *why)
     d->end_s = now_s();
     if (d->train_end_s == 0)
         d->train_end_s = d->end_s;
+    omv_daemon_timeline_end(d);
     for (uint32_t i = 0; i < d->n_members; i++)
         if (d->members[i].state == MEMBER_ALIVE)
             send_stop(d, &d->members[i], why);
@@ -580,6 +582,7 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
             d->loss_sum += p->loss;
             d->loss_n++;
             d->last_loss = p->loss;
+            omv_daemon_timeline_loss(d, p->loss);
         }
     }
     d->pushes_recorded_total++;
@@ -743,6 +746,7 @@ static void cron(omv_daemon_t *d)
         d->loss_sum = 0;
         d->loss_n = 0;
     }
+    omv_daemon_timeline_tick(d);
     omv_daemon_opt_poll(d);
     if (d->reload_flag && *d->reload_flag) {
         *d->reload_flag = 0;
@@ -993,6 +997,7 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     free(d->members);
     free(d->group_images);
     free(d->history);
+    omv_daemon_timeline_reset(d);
     free(d->job_text);
     free(d);
     *self_p = NULL;

@@ -1,5 +1,5 @@
-/* omnivored's control commands: status, workers, groups, metrics, summary, checkpoint, shutdown,
- * help. */
+/* omnivored's control commands: status, workers, groups, metrics, summary, history (its reply
+ * is in daemon_timeline.c), checkpoint, shutdown, help. */
 #define OMV_LOG_TAG "daemon"
 #include <errno.h>
 #include <math.h>
@@ -482,6 +482,8 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         omv_kv_end(&kv);
     } else if (strcmp(argv[0], "summary") == 0) {
         reply_summary(d, reply, json);
+    } else if (strcmp(argv[0], "history") == 0) {
+        omv_daemon_timeline_report(d, reply, json);
     } else if (strcmp(argv[0], "checkpoint") == 0) {
         if (!d->ckpt_enabled) {
             omv_strbuf_printf(reply, "checkpoints are off: the daemon cannot write to '%s'; set "
@@ -519,8 +521,8 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         omv_strbuf_printf(reply, "shutting down\n");
     } else if (strcmp(argv[0], "help") == 0) {
         omv_strbuf_printf(reply, "commands: status, workers, groups, metrics, summary, "
-                                 "checkpoint, optimizer, regroup G, shutdown, help (--json for JSON, but not "
-                                 "metrics)\n");
+                                 "history, checkpoint, optimizer, regroup G, shutdown, help "
+                                 "(--json for JSON, but not metrics)\n");
     } else {
         omv_strbuf_printf(reply, "unknown command '%s'; try 'help'", argv[0]);
         return -EINVAL;
