@@ -60,8 +60,7 @@ static void thin(timeline_t *tl)
         const timeline_point_t *a = &tl->points[i];
         timeline_point_t m = tl->points[i + 1];
         double span = a->span_s + m.span_s;
-        m.images_per_s = span > 0 ? (a->images_per_s * a->span_s + m.images_per_s * m.span_s) /
-                                        span
+        m.images_per_s = span > 0 ? (a->images_per_s * a->span_s + m.images_per_s * m.span_s) / span
                                   : m.images_per_s;
         m.span_s = span;
         m.loss_sum += a->loss_sum;
@@ -207,8 +206,7 @@ static void history_json(omv_daemon_t *d, omv_strbuf_t *out)
     omv_strbuf_append(out, "{\"job\":", 7);
     omv_strbuf_json_string(out, d->job.name);
     omv_strbuf_printf(out, ",\"state\":\"%s\"", omv_daemon_state_names[d->state]);
-    json_num(out, "test_accuracy", d->n_history ? d->history[d->n_history - 1].accuracy : NAN,
-             4);
+    json_num(out, "test_accuracy", d->n_history ? d->history[d->n_history - 1].accuracy : NAN, 4);
     json_num(out, "wall_seconds", omv_daemon_train_seconds(d), 3);
     json_num(out, "epoch", omv_daemon_epoch(d), 4);
     json_num(out, "interval_seconds", tl->interval_s, -1);
@@ -218,8 +216,7 @@ static void history_json(omv_daemon_t *d, omv_strbuf_t *out)
         const timeline_point_t *p = &tl->points[i];
         omv_strbuf_printf(out, "%s{\"wall_seconds\":%.3f", i ? "," : "", p->wall_s);
         json_num(out, "epoch", p->epoch, 4);
-        omv_strbuf_printf(out, ",\"step\":%llu,\"images\":%llu",
-                          (unsigned long long)p->steps_total,
+        omv_strbuf_printf(out, ",\"step\":%llu,\"images\":%llu", (unsigned long long)p->steps_total,
                           (unsigned long long)p->images_total);
         json_num(out, "train_loss", point_loss(p), -1);
         json_num(out, "images_per_second", p->images_per_s, 1);
@@ -274,8 +271,8 @@ void omv_daemon_timeline_report(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_section(&kv, "history");
     omv_kv_str(&kv, "job", d->job.name);
     omv_kv_str(&kv, "state", omv_daemon_state_names[d->state]);
-    omv_kv_double(&kv, "test_accuracy",
-                  d->n_history ? d->history[d->n_history - 1].accuracy : NAN, 4);
+    omv_kv_double(&kv, "test_accuracy", d->n_history ? d->history[d->n_history - 1].accuracy : NAN,
+                  4);
     omv_kv_double(&kv, "wall_seconds", omv_daemon_train_seconds(d), 1);
     omv_kv_double(&kv, "interval_seconds", tl->interval_s, 1);
     omv_kv_int(&kv, "train_points", (int64_t)tl->n_points);
@@ -300,18 +297,21 @@ void omv_daemon_timeline_report(omv_daemon_t *d, omv_strbuf_t *out, int json)
     for (size_t i = 0; i < d->n_history; i++) {
         const eval_point_t *h = &d->history[i];
         snprintf(key, sizeof(key), "eval_%zu", i + 1);
-        snprintf(val, sizeof(val), "wall_seconds=%.1f epoch=%.3f test_accuracy=%.4f "
-                 "test_loss=%.4f", h->wall_s, h->epoch, h->accuracy, h->loss);
+        snprintf(val, sizeof(val),
+                 "wall_seconds=%.1f epoch=%.3f test_accuracy=%.4f "
+                 "test_loss=%.4f",
+                 h->wall_s, h->epoch, h->accuracy, h->loss);
         omv_kv_str(&kv, key, val);
     }
     omv_kv_section(&kv, "config");
     for (size_t i = 0; i < tl->n_changes; i++) {
         const timeline_change_t *c = &tl->changes[i];
         snprintf(key, sizeof(key), "change_%zu", i + 1);
-        snprintf(val, sizeof(val), "wall_seconds=%.1f epoch=%.3f step=%llu groups=%u "
-                 "momentum=%g learning_rate=%g probing=%d cause=%s", c->wall_s, c->epoch,
-                 (unsigned long long)c->steps_total, c->groups, c->momentum, c->learning_rate,
-                 c->probing, c->cause);
+        snprintf(val, sizeof(val),
+                 "wall_seconds=%.1f epoch=%.3f step=%llu groups=%u "
+                 "momentum=%g learning_rate=%g probing=%d cause=%s",
+                 c->wall_s, c->epoch, (unsigned long long)c->steps_total, c->groups, c->momentum,
+                 c->learning_rate, c->probing, c->cause);
         omv_kv_str(&kv, key, val);
     }
     omv_kv_section(&kv, "phases");

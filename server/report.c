@@ -133,12 +133,26 @@ static int read_string(reader_t *r, char *out, size_t cap)
             char e = *r->p++;
             unsigned cp;
             switch (e) {
-            case '"': case '\\': case '/': cp = (unsigned char)e; break;
-            case 'b': cp = '\b'; break;
-            case 'f': cp = '\f'; break;
-            case 'n': cp = '\n'; break;
-            case 'r': cp = '\r'; break;
-            case 't': cp = '\t'; break;
+            case '"':
+            case '\\':
+            case '/':
+                cp = (unsigned char)e;
+                break;
+            case 'b':
+                cp = '\b';
+                break;
+            case 'f':
+                cp = '\f';
+                break;
+            case 'n':
+                cp = '\n';
+                break;
+            case 'r':
+                cp = '\r';
+                break;
+            case 't':
+                cp = '\t';
+                break;
             case 'u':
                 if (hex4(r, &cp) < 0)
                     return -EPROTO;
@@ -147,9 +161,9 @@ static int read_string(reader_t *r, char *out, size_t cap)
                     r->p += 2;
                     if (hex4(r, &lo) < 0)
                         return -EPROTO;
-                    cp = lo >= 0xDC00 && lo < 0xE000 ? 0x10000 + ((cp - 0xD800) << 10) +
-                                                           (lo - 0xDC00)
-                                                     : 0xFFFD;
+                    cp = lo >= 0xDC00 && lo < 0xE000
+                             ? 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00)
+                             : 0xFFFD;
                 } else if (cp >= 0xD800 && cp < 0xE000) {
                     cp = 0xFFFD;
                 }
@@ -264,7 +278,9 @@ typedef struct {
     size_t size; /* F_TEXT */
 } field_t;
 
+/* clang-format off */
 #define D(type, key, member) {key, offsetof(type, member), F_DOUBLE, 0}
+/* clang-format on */
 static const field_t train_fields[] = {
     D(omv_report_train_t, "wall_seconds", wall_s),
     D(omv_report_train_t, "epoch", epoch),
@@ -412,8 +428,8 @@ int omv_report_parse(omv_report_t *self, const char *json, char *err, size_t cap
                 ok = read_points(&r, eval_fields, sizeof(*self->eval), (void **)&self->eval,
                                  &self->n_eval);
             } else if (strcmp(key, "config") == 0) {
-                ok = read_points(&r, change_fields, sizeof(*self->config),
-                                 (void **)&self->config, &self->n_config);
+                ok = read_points(&r, change_fields, sizeof(*self->config), (void **)&self->config,
+                                 &self->n_config);
             } else if (strcmp(key, "phases") == 0) {
                 ok = read_points(&r, phase_fields, sizeof(*self->phases), (void **)&self->phases,
                                  &self->n_phases);
@@ -509,7 +525,7 @@ void omv_report_csv(const omv_report_t *self, omv_strbuf_t *out)
         /* At equal times: the configuration first, then the training point, then the eval. */
         if (c < self->n_config && wc <= wt && wc <= we) {
             const omv_report_change_t *p = &self->config[c++];
-            double v[] = {p->wall_s, p->epoch, p->step, NAN, NAN, NAN, NAN, NAN,
+            double v[] = {p->wall_s, p->epoch,    p->step,         NAN, NAN, NAN, NAN, NAN,
                           p->groups, p->momentum, p->learning_rate};
             omv_strbuf_append(out, "config", 6);
             csv_nums(out, v, OMV_ARRAY_SIZE(v));
@@ -517,15 +533,16 @@ void omv_report_csv(const omv_report_t *self, omv_strbuf_t *out)
             csv_text(out, p->cause);
         } else if (t < self->n_train && wt <= we) {
             const omv_report_train_t *p = &self->train[t++];
-            double v[] = {p->wall_s, p->epoch, p->step, p->images, p->train_loss,
-                          p->images_per_s, NAN, NAN, p->groups, p->momentum, p->learning_rate};
+            double v[] = {p->wall_s,       p->epoch, p->step, p->images, p->train_loss,
+                          p->images_per_s, NAN,      NAN,     p->groups, p->momentum,
+                          p->learning_rate};
             omv_strbuf_append(out, "train", 5);
             csv_nums(out, v, OMV_ARRAY_SIZE(v));
             omv_strbuf_printf(out, ",%d,", p->probing);
         } else {
             const omv_report_eval_t *p = &self->eval[e++];
-            double v[] = {p->wall_s, p->epoch, NAN, NAN, NAN, NAN, p->test_loss,
-                          p->test_accuracy, NAN, NAN, NAN};
+            double v[] = {p->wall_s,    p->epoch,         NAN, NAN, NAN, NAN,
+                          p->test_loss, p->test_accuracy, NAN, NAN, NAN};
             omv_strbuf_append(out, "eval", 4);
             csv_nums(out, v, OMV_ARRAY_SIZE(v));
             omv_strbuf_append(out, ",,", 2);
@@ -598,13 +615,11 @@ int omv_report_write(const omv_report_t *self, const char *dir, const char *base
     if (dir == NULL || dir[0] == '\0')
         dir = ".";
     if (base[0] == '\0' || strchr(base, '/')) {
-        snprintf(err, errcap, "'%s' is not a file name (no folders: give them with --out)",
-                 base);
+        snprintf(err, errcap, "'%s' is not a file name (no folders: give them with --out)", base);
         return -EINVAL;
     }
-    if ((size_t)snprintf(csv_path, sizeof(csv_path), "%s/%s.csv", dir, base) >= sizeof(csv_path)
-        || (size_t)snprintf(svg_path, sizeof(svg_path), "%s/%s.svg", dir, base) >=
-               sizeof(svg_path)) {
+    if ((size_t)snprintf(csv_path, sizeof(csv_path), "%s/%s.csv", dir, base) >= sizeof(csv_path) ||
+        (size_t)snprintf(svg_path, sizeof(svg_path), "%s/%s.svg", dir, base) >= sizeof(svg_path)) {
         snprintf(err, errcap, "the path %s/%s is too long", dir, base);
         return -ENAMETOOLONG;
     }

@@ -258,8 +258,7 @@ static void x_ticks(omv_strbuf_t *out, const xaxis_t *x, const panel_t *p, int l
     omv_strbuf_fini(&label);
 }
 
-static void probes(omv_strbuf_t *out, const xaxis_t *x, const panel_t *p, const cfg_t *c,
-                   size_t n)
+static void probes(omv_strbuf_t *out, const xaxis_t *x, const panel_t *p, const cfg_t *c, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (!c[i].probing)
@@ -291,7 +290,7 @@ static size_t series(omv_strbuf_t *out, const char *id, const char *color, const
                      size_t n, size_t stride, int dots, const char *what)
 {
     size_t drawn = 0;
-#define AT(ptr, i) (*(const double *)((const char *)(ptr) + (i) * stride))
+#define AT(ptr, i) (*(const double *)((const char *)(ptr) + (i)*stride))
     for (size_t i = 0; i < n; i++)
         drawn += isfinite(AT(wall, i)) && drawable(p, AT(value, i));
     if (drawn == 0)
@@ -335,8 +334,7 @@ static void steps(omv_strbuf_t *out, const char *id, const char *color, const xa
         if (!drawable(p, v) || (any && v == prev))
             continue;
         if (!any)
-            omv_strbuf_printf(out, "<polyline id=\"series-%s\" stroke=\"%s\" points=\"", id,
-                              color);
+            omv_strbuf_printf(out, "<polyline id=\"series-%s\" stroke=\"%s\" points=\"", id, color);
         else
             point(out, px(x, c[i].w), py(p, prev));
         point(out, px(x, c[i].w), py(p, v));
@@ -363,15 +361,15 @@ static cfg_t *config_timeline(const omv_report_t *r, double end, size_t *ret_n)
         const omv_report_train_t *t = &r->train[i];
         if (!(t->wall_s < first))
             break;
-        c[n++] = (cfg_t){t->wall_s, t->groups, t->momentum, t->learning_rate, t->probing,
-                         prev, t->wall_s};
+        c[n++] = (cfg_t){t->wall_s,  t->groups, t->momentum, t->learning_rate,
+                         t->probing, prev,      t->wall_s};
         prev = t->wall_s;
     }
     for (size_t i = 0; i < r->n_config; i++) {
         const omv_report_change_t *k = &r->config[i];
         double next = i + 1 < r->n_config ? r->config[i + 1].wall_s : end;
-        c[n++] = (cfg_t){k->wall_s, k->groups, k->momentum, k->learning_rate, k->probing,
-                         k->wall_s, next};
+        c[n++] = (cfg_t){k->wall_s,  k->groups, k->momentum, k->learning_rate,
+                         k->probing, k->wall_s, next};
     }
     *ret_n = n;
     return c;
@@ -602,16 +600,16 @@ void omv_report_svg(const omv_report_t *r, omv_strbuf_t *out)
     }
     frame(out, &loss, omv_strbuf_str(&line));
     y_ticks(out, &loss, 4, -1);
-    series(out, "train_loss", COLOR_TRAIN, "", &x, &loss, &tr->wall_s, &tr->train_loss,
-           r->n_train, ts, 0, "training loss");
-    series(out, "test_loss", COLOR_TEST_LOSS, " stroke-dasharray=\"4 3\"", &x, &loss,
-           &ev->wall_s, &ev->test_loss, r->n_eval, es, 1, "test loss");
+    series(out, "train_loss", COLOR_TRAIN, "", &x, &loss, &tr->wall_s, &tr->train_loss, r->n_train,
+           ts, 0, "training loss");
+    series(out, "test_loss", COLOR_TEST_LOSS, " stroke-dasharray=\"4 3\"", &x, &loss, &ev->wall_s,
+           &ev->test_loss, r->n_eval, es, 1, "test loss");
 
     /* Panel (b). */
     frame(out, &acc, "test accuracy");
     y_ticks(out, &acc, 4, 2);
-    if (series(out, "test_accuracy", COLOR_ACCURACY, "", &x, &acc, &ev->wall_s,
-               &ev->test_accuracy, r->n_eval, es, 1, "test accuracy") > 0 &&
+    if (series(out, "test_accuracy", COLOR_ACCURACY, "", &x, &acc, &ev->wall_s, &ev->test_accuracy,
+               r->n_eval, es, 1, "test accuracy") > 0 &&
         isfinite(final_acc)) {
         omv_strbuf_clear(&line);
         num(&line, final_acc, 4);

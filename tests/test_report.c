@@ -109,8 +109,7 @@ static int check_xml(const char *s)
         if (closing) {
             ck_assert_msg(depth > 0, "</%s> without an opening tag", name);
             depth--;
-            ck_assert_msg(strcmp(stack[depth], name) == 0, "</%s> closes <%s>", name,
-                          stack[depth]);
+            ck_assert_msg(strcmp(stack[depth], name) == 0, "</%s> closes <%s>", name, stack[depth]);
         } else if (end[-1] != '/') {
             ck_assert_int_lt(depth, 64);
             strcpy(stack[depth++], name);
@@ -152,8 +151,8 @@ static int polyline_points(const char *svg, const char *id)
 static omv_report_train_t train_point(double wall, double loss, double groups, double momentum,
                                       double lr, int probing)
 {
-    return (omv_report_train_t){wall, wall / 10, wall * 10, wall * 640, loss, 640,
-                                groups, momentum, lr, probing};
+    return (omv_report_train_t){wall, wall / 10, wall * 10, wall * 640, loss,
+                                640,  groups,    momentum,  lr,         probing};
 }
 
 /* A known history: 6 training points (one without a loss), 3 evaluations, 4 changes. */
@@ -206,8 +205,8 @@ START_TEST(test_csv_rows_and_fields)
     ck_assert_str_eq(line, "kind,wall_s,epoch,step,images,train_loss,images_per_s,test_loss,"
                            "test_accuracy,groups,momentum,learning_rate,probing,cause");
     /* In order of time; at equal times the change comes before the evaluation. */
-    const char *kinds[] = {"config", "train", "config", "train", "eval", "train",
-                           "config", "train", "config", "eval", "train", "train", "eval"};
+    const char *kinds[] = {"config", "train",  "config", "train", "eval",  "train", "config",
+                           "train",  "config", "eval",   "train", "train", "eval"};
     double last = -1;
     for (int i = 0; i < 13; i++) {
         line_of(csv, i + 1, line, sizeof(line));
@@ -442,9 +441,15 @@ START_TEST(test_parse)
     ck_assert(r.phases[0].epoch == 0.5);
 
     /* What is not that JSON is refused with a reason, and leaves the report empty. */
-    const char *bad[] = {"", "[]", "{\"train\":[{\"wall_seconds\":}]}", "{\"train\":{}}",
-                         "{\"job\":\"x\"", "{\"job\":\"x\"} trailing", "{\"a\":tru}",
-                         "{\"train\":[{\"wall_seconds\":1,}]}", "{\"job\":\"\\q\"}"};
+    const char *bad[] = {"",
+                         "[]",
+                         "{\"train\":[{\"wall_seconds\":}]}",
+                         "{\"train\":{}}",
+                         "{\"job\":\"x\"",
+                         "{\"job\":\"x\"} trailing",
+                         "{\"a\":tru}",
+                         "{\"train\":[{\"wall_seconds\":1,}]}",
+                         "{\"job\":\"\\q\"}"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err[0] = '\0';
         ck_assert_msg(omv_report_parse(&r, bad[i], err, sizeof(err)) == -EPROTO, "%s", bad[i]);
@@ -470,8 +475,7 @@ START_TEST(test_write_files)
     snprintf(sub, sizeof(sub), "%s/reports/today", dir);
     omv_report_t r;
     known(&r);
-    ck_assert_int_eq(omv_report_write(&r, sub, "run1", csv, svg, sizeof(csv), err, sizeof(err)),
-                     0);
+    ck_assert_int_eq(omv_report_write(&r, sub, "run1", csv, svg, sizeof(csv), err, sizeof(err)), 0);
     char want[700];
     snprintf(want, sizeof(want), "%s/run1.csv", sub);
     ck_assert_str_eq(csv, want);
@@ -591,8 +595,8 @@ START_TEST(test_timeline)
     omv_report_t r;
     omv_report_init(&r);
     char err[256];
-    ck_assert_msg(omv_report_parse(&r, omv_strbuf_str(&out), err, sizeof(err)) == 0, "%s: %s",
-                  err, omv_strbuf_str(&out));
+    ck_assert_msg(omv_report_parse(&r, omv_strbuf_str(&out), err, sizeof(err)) == 0, "%s: %s", err,
+                  omv_strbuf_str(&out));
     ck_assert_str_eq(r.job, "fake");
     ck_assert_str_eq(r.state, "running");
     ck_assert(r.test_accuracy == 0.875);
@@ -658,8 +662,8 @@ START_TEST(test_timeline_bounded)
         n += p->loss_n;
         ck_assert(fabs(p->images_per_s - 100) < 1e-6);
     }
-    ck_assert(fabs(images + (double)(d->images_total - tl->last_images) -
-                   (double)d->images_total) < 1e-3);
+    ck_assert(fabs(images + (double)(d->images_total - tl->last_images) - (double)d->images_total) <
+              1e-3);
     ck_assert_uint_eq(n + tl->loss_n, losses);
     ck_assert(fabs(tl->points[tl->n_points - 1].wall_s - tl->last_s) < 1e-9);
 
