@@ -312,6 +312,7 @@ static void start_job(omv_daemon_t *d, const char *why)
     d->ckpt_last_s = d->start_s;
     d->ckpt_last_step = omv_groups_min_clock(d->groups);
     assign_slices(d);
+    omv_daemon_timeline_start(d);
     if (omv_daemon_opt_start(d) < 0) {
         omv_daemon_finish(d, JOB_FAILED, "the optimizer cannot start (see the log)");
         return;
@@ -329,6 +330,7 @@ void omv_daemon_finish(omv_daemon_t *d, job_state_t state, const char *why)
     d->end_s = now_s();
     if (d->train_end_s == 0)
         d->train_end_s = d->end_s;
+    omv_daemon_timeline_end(d);
     /* The workers exit (--once), or stay and register again for whatever comes next. */
     omv_msg_t again = {.type = OMV_MSG_STOP};
     snprintf(again.u.stop.reason, sizeof(again.u.stop.reason),
@@ -629,6 +631,7 @@ static void on_push(omv_daemon_t *d, member_t *m, const omv_push_t *p)
             d->loss_sum += p->loss;
             d->loss_n++;
             d->last_loss = p->loss;
+            omv_daemon_timeline_loss(d, p->loss);
         }
     }
     d->pushes_recorded_total++;
@@ -821,6 +824,7 @@ static void cron(omv_daemon_t *d)
         d->loss_sum = 0;
         d->loss_n = 0;
     }
+    omv_daemon_timeline_tick(d);
     omv_daemon_opt_poll(d);
     if (d->reload_flag && *d->reload_flag) {
         *d->reload_flag = 0;
@@ -1105,6 +1109,7 @@ void omv_daemon_unload_job(omv_daemon_t *d)
     free(d->group_loss_n);
     free(d->group_images);
     omv_daemon_opt_stop(d);
+    omv_daemon_timeline_reset(d);
     free(d->history);
     free(d->job_text);
 

@@ -89,6 +89,51 @@ typedef struct {
 
 #define OMV_DAEMON_MAX_PHASES 64
 
+/* The training timeline for reports (daemon_timeline.c): a point about once a second of
+ * training, halved in resolution whenever it reaches OMV_TIMELINE_MAX_POINTS. */
+#define OMV_TIMELINE_MAX_POINTS 4096
+#define OMV_TIMELINE_MAX_CHANGES 4096
+#define OMV_TIMELINE_INTERVAL_S 1.0
+
+typedef struct {
+    double wall_s;         /* training seconds since the job started (as eval points count) */
+    double span_s;         /* training seconds the point covers */
+    double epoch;
+    uint64_t steps_total, images_total;
+    double loss_sum;       /* training losses pushed in the interval, probes included */
+    uint64_t loss_n;
+    double images_per_s;   /* every image trained on in the interval, probes included */
+    uint32_t groups;
+    double momentum, learning_rate;
+    int probing;           /* a probe ran at some time in the interval */
+} timeline_point_t;
+
+/* The configuration from wall_s on: recorded when it changes, so a step plot is exact. */
+typedef struct {
+    double wall_s, epoch;
+    uint64_t steps_total;
+    uint32_t groups;
+    double momentum, learning_rate;
+    int probing;
+    const char *cause; /* static text: "start", "regroup", "optimizer" */
+} timeline_change_t;
+
+typedef struct {
+    timeline_point_t *points; /* [cap_points] */
+    size_t n_points, cap_points;
+    timeline_change_t *changes; /* [cap_changes] */
+    size_t n_changes, cap_changes;
+    uint64_t changes_dropped; /* the oldest changes, let go of when the list was full */
+    double interval_s;        /* training seconds between points; doubles with each thinning */
+    double last_s;            /* train seconds at the last point */
+    uint64_t last_images;     /* images trained on (probes included) at the last point */
+    double loss_sum;          /* since the last point */
+    uint64_t loss_n;
+    int probed;               /* a probe ran since the last point */
+    int failed;               /* out of memory once: logged, points are dropped */
+} timeline_t;
+
+
 /* A submitted job waiting its turn. */
 #define OMV_DAEMON_SETS_MAX 2048
 
@@ -221,6 +266,8 @@ struct omv_daemon {
     int queue_dirty;        /* jobs.queue is to be written again */
     int stop_requested;     /* `omnivorectl stop`: end once the checkpoint is written */
     double stop_requested_s;
+
+    timeline_t timeline; /* per job: omv_daemon_timeline_reset */
 };
 
 double omv_daemon_epoch(const omv_daemon_t *d);
@@ -318,6 +365,23 @@ int omv_daemon_resume(omv_daemon_t *d);
 int omv_daemon_checkpoint(omv_daemon_t *d, int finished);
 /* Writes a due checkpoint when no group is half-way through applying a step. */
 void omv_daemon_checkpoint_if_due(omv_daemon_t *d);
+
+/* daemon_timeline.c: the training timeline behind `history` and `omnivorectl report`. */
+/* Frees the timeline and makes it empty, ready for the next job (destroy calls it too). */
+void omv_daemon_timeline_reset(omv_daemon_t *d);
+/* The job starts (or resumes): records the configuration it starts with. */
+void omv_daemon_timeline_start(omv_daemon_t *d);
+/* A worker pushed a finite training loss. */
+void omv_daemon_timeline_loss(omv_daemon_t *d, double loss);
+/* From the cron: adds a point when the interval has passed (while the job runs). */
+void omv_daemon_timeline_tick(omv_daemon_t *d);
+/* Training ended (done or failed): adds a last point unless nothing happened since the last. */
+void omv_daemon_timeline_end(omv_daemon_t *d);
+/* Between steps, after a change was carried out: records the configuration if it differs from
+ * the last one recorded. cause is static text. */
+void omv_daemon_timeline_config(omv_daemon_t *d, const char *cause);
+/* The `history` command's reply: training points, evaluations, changes and phases. */
+void omv_daemon_timeline_report(omv_daemon_t *d, omv_strbuf_t *out, int json);
 
 /* daemon_status.c: sends systemd a one-line STATUS= (state, epoch, step, images/s, workers);
  * rate-limited in notify.c, so it may be called from every cron tick. */

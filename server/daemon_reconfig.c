@@ -134,6 +134,7 @@ int omv_daemon_try_reconfig(omv_daemon_t *d)
                      d->sgd.learning_rate, (unsigned long long)clock);
     }
     omv_daemon_opt_applied(d, rc.opt_gen);
+    omv_daemon_timeline_config(d, rc.opt_gen ? "optimizer" : "regroup");
     /* Everyone waits for the common clock: their next pull is for it. */
     for (uint32_t i = 0; i < d->n_members; i++)
         if (d->members[i].state == MEMBER_ALIVE && d->members[i].role == OMV_ROLE_TRAINER &&

@@ -1,5 +1,6 @@
-/* omnivored's control commands: status, workers, groups, metrics, summary, checkpoint, shutdown,
- * help (jobs, submit and stop are in daemon_jobs.c). */
+/* omnivored's control commands: status, workers, groups, metrics, summary, history (its reply
+ * is in daemon_timeline.c), checkpoint, shutdown, help (jobs, submit and stop are in
+ * daemon_jobs.c). */
 #define OMV_LOG_TAG "daemon"
 #include <errno.h>
 #include <math.h>
@@ -473,7 +474,8 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         }
     }
     int needs_job = strcmp(argv[0], "groups") == 0 || strcmp(argv[0], "regroup") == 0 ||
-                    strcmp(argv[0], "summary") == 0 || strcmp(argv[0], "checkpoint") == 0;
+                    strcmp(argv[0], "summary") == 0 || strcmp(argv[0], "checkpoint") == 0 ||
+                    strcmp(argv[0], "history") == 0;
     if (needs_job && !d->has_job) {
         omv_strbuf_printf(reply, "no job is loaded; submit one with 'omnivorectl submit "
                                  "JOB.ini'");
@@ -515,6 +517,8 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         omv_kv_end(&kv);
     } else if (strcmp(argv[0], "summary") == 0) {
         reply_summary(d, reply, json);
+    } else if (strcmp(argv[0], "history") == 0) {
+        omv_daemon_timeline_report(d, reply, json);
     } else if (strcmp(argv[0], "checkpoint") == 0) {
         if (!d->ckpt_enabled) {
             omv_strbuf_printf(reply, "checkpoints are off: the daemon cannot write to '%s'; set "
@@ -552,7 +556,7 @@ int omv_daemon_on_control(void *ctx, int argc, char **argv, omv_strbuf_t *reply)
         omv_strbuf_printf(reply, "shutting down\n");
     } else if (strcmp(argv[0], "help") == 0) {
         omv_strbuf_printf(reply, "commands: status, workers, groups, metrics, summary, "
-                                 "checkpoint, optimizer, regroup G, jobs, submit PATH "
+                                 "history, checkpoint, optimizer, regroup G, jobs, submit PATH "
                                  "[S.K=V ...], stop [ID|NAME], shutdown, help (--json for JSON, "
                                  "but not metrics)\n");
     } else {

@@ -1,5 +1,6 @@
 /* omnivorectl: talks to omnivored over its control socket; `run` starts a whole one-machine
- * cluster (a daemon, trainers and an evaluator) for a job and reports its result. */
+ * cluster (a daemon, trainers and an evaluator) for a job and reports its result; `report`
+ * writes a job's training report (report.c). */
 #define OMV_LOG_TAG "omnivorectl"
 #include <errno.h>
 #include <getopt.h>
@@ -18,6 +19,7 @@
 #include "control.h"
 #include "job.h"
 #include "log.h"
+#include "report.h"
 #include "strbuf.h"
 #include "util.h"
 
@@ -38,8 +40,10 @@ static void usage(FILE *out)
     fprintf(out,
             "Usage: omnivorectl [--socket PATH] COMMAND [--json]\n"
             "       omnivorectl [--socket PATH] watch [--interval S] [--count N] [COMMAND]\n"
-            "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]... [--json]\n"
-            "       omnivorectl [--socket PATH] submit JOB.ini [--workers N] [--set S.K=V]...\n\n"
+            "       omnivorectl [--socket PATH] report [--out DIR] [--name BASE] [--json]\n"
+            "       omnivorectl [--socket PATH] submit JOB.ini [--workers N] [--set S.K=V]...\n"
+            "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]...\n"
+            "                   [--report DIR] [--json]\n\n"
             "Commands for a running omnivored:\n"
             "  status      daemon, job progress, cluster and refusal counters\n"
             "  workers     every registered worker\n"
@@ -48,6 +52,11 @@ static void usage(FILE *out)
             "  watch       repeat status (or COMMAND) every S seconds (default 2), in place on a\n"
             "              terminal; until Ctrl-C, or N times with --count\n"
             "  summary     the job's result and evaluation history\n"
+            "  history     the training timeline: loss and images/s about every second, every\n"
+            "              evaluation, each change of groups, momentum or learning rate, phases\n"
+            "  report      write the training report: BASE.csv (every point) and BASE.svg (loss,\n"
+            "              test accuracy, groups/momentum/learning rate over time, probes shaded)\n"
+            "              into DIR (default: here; BASE default: omnivore-report-JOB)\n"
             "  checkpoint  write a checkpoint now and print its path\n"
             "  optimizer   the optimizer's state, the configuration of each phase, its decisions\n"
             "  regroup G   use G compute groups from the next step boundary (1 to the workers)\n"
@@ -58,10 +67,11 @@ static void usage(FILE *out)
             "  stop [ID|NAME]  stop the current job (after a checkpoint: submitting it again\n"
             "              resumes it) or drop a queued one; the next queued job starts\n"
             "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
-            "              wait for it to come back (a finished job's workers have exited)\n"
+            "              wait for it to come back (with --retry, in omnivore-worker)\n"
             "  help        this text\n\n"
             "  run JOB     start omnivored, N trainers and an evaluator on this machine, train the\n"
-            "              job, print its summary and stop them all (default N: the job's workers)\n\n"
+            "              job, print its summary and stop them all (default N: the job's workers)\n"
+            "              --report DIR: write the training report there before they stop\n\n"
             "Options:\n"
             "  -s, --socket PATH   control socket (default $OMNIVORE_SOCKET or " DEFAULT_SOCKET ")\n"
             "  -j, --json          JSON for programs (run: the summary as the last line)\n"
@@ -70,6 +80,9 @@ static void usage(FILE *out)
             "  -w, --workers N     run: trainer processes\n"
             "  -t, --threads T     run: threads per worker (default 1)\n"
             "      --set S.K=V     run: override a job key, e.g. --set train.learning_rate=0.05\n"
+            "  -o, --out DIR       report: folder for the files (made when missing)\n"
+            "  -N, --name BASE     report: file name without .csv / .svg\n"
+            "      --report DIR    run: write the training report into DIR at the end\n"
             "  -h, --help          this text\n\n"
             "Exit status: 0 ok, 1 the daemon answered with an error or the job failed,\n"
             "2 bad usage, 3 the daemon cannot be reached (no socket, no permission, no answer).\n");
@@ -190,6 +203,91 @@ out:
     return rc;
 }
 
+/* ---- report: the training report's files ---- */
+
+/* Fetches the daemon's history and writes DIR/BASE.csv and DIR/BASE.svg (base NULL: the
+ * default for the job). The paths go to stdout (JSON with json), or to stderr when quiet.
+ * Returns an exit status. */
+static int write_report(const char *sock, const char *dir, const char *base, int json, int quiet)
+{
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    omv_report_t rep;
+    omv_report_init(&rep);
+    /* A long job's history is a few hundred kilobytes: more time than a status needs. */
+    int r = omv_control_request(sock, "history --json", &body, 30000);
+    int rc = 0;
+    char err[512], name[300], csv[4200], svg[4200];
+    if (r == -EREMOTEIO) {
+        fprintf(stderr, "omnivorectl: %s\n", omv_strbuf_str(&body));
+        rc = 1;
+    } else if (r < 0) {
+        explain_unreachable(sock, r);
+        rc = 3;
+    } else if (omv_report_parse(&rep, omv_strbuf_str(&body), err, sizeof(err)) < 0) {
+        fprintf(stderr, "omnivorectl: the daemon's history cannot be read: %s (is omnivored as "
+                        "new as omnivorectl?)\n", err);
+        rc = 1;
+    } else {
+        if (base == NULL)
+            omv_report_default_base(rep.job, name, sizeof(name));
+        else
+            omv_strlcpy(name, base, sizeof(name));
+        if (omv_report_write(&rep, dir ? dir : ".", name, csv, svg, sizeof(csv), err,
+                             sizeof(err)) < 0) {
+            fprintf(stderr, "omnivorectl: report: %s\n", err);
+            rc = 1;
+        } else if (quiet) {
+            fprintf(stderr, "omnivorectl: training report in %s and %s\n", csv, svg);
+        } else if (json) {
+            omv_strbuf_clear(&body);
+            omv_strbuf_append(&body, "{\"csv\":", 7);
+            omv_strbuf_json_string(&body, csv);
+            omv_strbuf_append(&body, ",\"svg\":", 7);
+            omv_strbuf_json_string(&body, svg);
+            printf("%s}\n", omv_strbuf_str(&body));
+        } else {
+            printf("%s\n%s\n", csv, svg);
+        }
+    }
+    omv_report_fini(&rep);
+    omv_strbuf_fini(&body);
+    return rc;
+}
+
+static int cmd_report(const char *sock, int argc, char **argv, int json)
+{
+    const char *dir = ".", *base = NULL;
+    static const struct option opts[] = {
+        {"out", required_argument, NULL, 'o'}, {"name", required_argument, NULL, 'N'},
+        {"json", no_argument, NULL, 'j'},      {NULL, 0, NULL, 0},
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:N:j", opts, NULL)) != -1) {
+        if (c == 'o') {
+            dir = optarg;
+        } else if (c == 'N') {
+            base = optarg;
+        } else if (c == 'j') {
+            json = 1;
+        } else {
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "omnivorectl report: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (base && (*base == '\0' || strchr(base, '/'))) {
+        fprintf(stderr, "omnivorectl report: --name '%s' is a file name without folders (give "
+                        "the folder with --out)\n", base);
+        return 2;
+    }
+    return write_report(sock, dir, base, json, 0);
+}
+
 /* ---- run: a one-machine cluster ---- */
 
 typedef struct {
@@ -282,13 +380,13 @@ static int field(const char *body, const char *key, char *out, size_t cap)
 
 static int cmd_run(int argc, char **argv, int json)
 {
-    const char *job_path = NULL, *workers_arg = NULL, *threads = "1";
+    const char *job_path = NULL, *workers_arg = NULL, *threads = "1", *report_dir = NULL;
     const char *sets[MAX_SETS];
     int n_sets = 0;
     static const struct option opts[] = {
         {"workers", required_argument, NULL, 'w'}, {"threads", required_argument, NULL, 't'},
         {"set", required_argument, NULL, 'S'},     {"json", no_argument, NULL, 'j'},
-        {NULL, 0, NULL, 0},
+        {"report", required_argument, NULL, 'R'},  {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
@@ -301,6 +399,8 @@ static int cmd_run(int argc, char **argv, int json)
             sets[n_sets++] = optarg;
         } else if (c == 'j') {
             json = 1;
+        } else if (c == 'R') {
+            report_dir = optarg;
         } else {
             usage(stderr);
             return 2;
@@ -427,6 +527,8 @@ static int cmd_run(int argc, char **argv, int json)
         rc = 130;
     } else {
         rc = strcmp(state, "done") == 0 ? 0 : 1;
+        if (report_dir && write_report(sock, report_dir, NULL, 0, 1) != 0)
+            rc = 1;
         if (request(sock, json ? "summary --json" : "summary", &body) == 0)
             fputs(omv_strbuf_str(&body), stdout);
         fflush(stdout);
@@ -612,15 +714,17 @@ int main(int argc, char **argv)
         return cmd_run(argc - i, argv + i, json);
     if (strcmp(cmd, "watch") == 0)
         return cmd_watch(sock, argc - i, argv + i, json);
+    if (strcmp(cmd, "report") == 0)
+        return cmd_report(sock, argc - i, argv + i, json);
     if (strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
     }
     if (strcmp(cmd, "submit") == 0)
         return cmd_submit(sock, argc - i, argv + i, json);
-    static const char *const known[] = {"status",     "workers",  "groups",  "metrics",
-                                        "summary",    "checkpoint", "shutdown", "regroup",
-                                        "optimizer",  "jobs",     "stop"};
+    static const char *const known[] = {"status",   "workers",    "groups",   "metrics",
+                                        "summary",  "history",    "checkpoint", "shutdown",
+                                        "regroup",  "optimizer",  "jobs",     "stop"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(known); k++)
         ok |= strcmp(cmd, known[k]) == 0;

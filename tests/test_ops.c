@@ -1,6 +1,6 @@
 /* Integration tests of the operator's tools with real processes: omnivorectl's groups, metrics
- * and watch commands against a training daemon, the errors that tell a person what to do, and
- * the sd_notify messages omnivored sends systemd. */
+ * and watch commands against a training daemon, the errors that tell a person what to do, the
+ * sd_notify messages omnivored sends systemd, and the training report. */
 #define _GNU_SOURCE
 #include <check.h>
 #include <errno.h>
@@ -328,14 +328,133 @@ START_TEST(test_errors_say_what_to_do)
     /* Usage errors are 2, and --help names every command. */
     ck_assert_int_eq(ctl(out, sizeof(out), NULL, "frobnicate"), 2);
     ck_assert_int_eq(ctl(out, sizeof(out), NULL, "--help"), 0);
-    const char *cmds[] = {"status",     "workers",  "groups", "metrics", "watch",
-                          "summary",    "checkpoint", "shutdown", "run",   "help",
-                          "jobs",       "submit",   "stop"};
+    const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
+                          "summary", "checkpoint", "shutdown", "run",     "help",
+                          "history", "report",     "jobs",     "submit",  "stop"};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(cmds); i++) {
         char line[64];
         snprintf(line, sizeof(line), "\n  %s ", cmds[i]);
         ck_assert_msg(has_text(out, line), "--help does not list %s:\n%s", cmds[i], out);
     }
+}
+END_TEST
+
+/* Reads a whole file into out[cap]; returns its length or -1. */
+static long read_file(const char *path, char *out, size_t cap)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    return (long)n;
+}
+
+/* Checks a report's CSV: a header, training rows in strictly increasing time (at least
+ * min_train), evaluations; returns the last evaluation's accuracy. */
+static double check_report_csv(const char *csv, int min_train)
+{
+    const char *header = "kind,wall_s,epoch,step,images,train_loss,images_per_s,test_loss,"
+                         "test_accuracy,groups,momentum,learning_rate,probing,cause\n";
+    ck_assert_msg(strncmp(csv, header, strlen(header)) == 0, "%.200s", csv);
+    int train = 0, evals = 0;
+    double last_wall = -1, acc = NAN;
+    char *copy = strdup(csv), *save = NULL;
+    strtok_r(copy, "\n", &save);
+    for (char *line = strtok_r(NULL, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        /* Fields by position; empty ones are kept. */
+        char *f[16];
+        int n = 0;
+        for (char *p = line; n < 16; p++) {
+            f[n++] = p;
+            p = strchr(p, ',');
+            if (p == NULL)
+                break;
+            *p = '\0';
+        }
+        ck_assert_int_eq(n, 14);
+        if (strcmp(f[0], "train") == 0) {
+            double wall = strtod(f[1], NULL);
+            ck_assert_msg(wall > last_wall, "training rows out of order at %s", f[1]);
+            last_wall = wall;
+            ck_assert_msg(f[5][0] != '\0' && isfinite(strtod(f[5], NULL)), "no loss at %s", f[1]);
+            ck_assert_msg(strtod(f[9], NULL) >= 1, "no groups at %s", f[1]);
+            train++;
+        } else if (strcmp(f[0], "eval") == 0) {
+            acc = strtod(f[8], NULL);
+            evals++;
+        } else {
+            ck_assert_msg(strcmp(f[0], "config") == 0, "row kind '%s'", f[0]);
+        }
+    }
+    free(copy);
+    ck_assert_msg(train >= min_train, "%d training rows:\n%s", train, csv);
+    ck_assert_msg(evals >= 1, "no evaluation rows:\n%s", csv);
+    return acc;
+}
+
+START_TEST(test_report)
+{
+    /* A short job, slow enough (4 ms a step) to give the timeline a few points. */
+    write_job(1, 4, "");
+    pid_t d = start_daemon();
+    pid_t w[2] = {start_worker_slow("trainer", "4"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done(&body, 60000);
+    control("history", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "# train\ntrain_1:wall_seconds=") &&
+                      has_text(omv_strbuf_str(&body), "\nchange_1:") &&
+                      has_text(omv_strbuf_str(&body), "cause=start"),
+                  "%s", omv_strbuf_str(&body));
+
+    static char out[65536], text[1 << 20];
+    char args[1024], csv[800], svg[800];
+    snprintf(args, sizeof(args), "report --out %s/rep", test_dir);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    snprintf(csv, sizeof(csv), "%s/rep/omnivore-report-blobs.csv", test_dir);
+    snprintf(svg, sizeof(svg), "%s/rep/omnivore-report-blobs.svg", test_dir);
+    char want[2000];
+    snprintf(want, sizeof(want), "%s\n%s\n", csv, svg);
+    ck_assert_str_eq(out, want);
+    ck_assert_int_gt(read_file(csv, text, sizeof(text)), 0);
+    /* The last evaluation is the daemon's test accuracy (status gives 4 decimals). */
+    double last = check_report_csv(text, 2);
+    ck_assert_msg(fabs(last - acc) < 6e-5, "report's last accuracy %g, daemon's %g", last, acc);
+    ck_assert_int_gt(read_file(svg, text, sizeof(text)), 0);
+    ck_assert_msg(strncmp(text, "<svg ", 5) == 0 && has_text(text, "</svg>\n"), "%.100s", text);
+    ck_assert(has_text(text, "<polyline id=\"series-train_loss\""));
+    ck_assert(has_text(text, "<polyline id=\"series-test_accuracy\""));
+    ck_assert(has_text(text, "omnivore training report: blobs - final test accuracy "));
+    ck_assert(!has_text(text, "no data yet"));
+
+    /* Another name, JSON for programs; a name with a folder in it is a usage error. */
+    snprintf(args, sizeof(args), "report -o %s/rep -N again --json", test_dir);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    snprintf(want, sizeof(want), "{\"csv\":\"%s/rep/again.csv\",\"svg\":\"%s/rep/again.svg\"}\n",
+             test_dir, test_dir);
+    ck_assert_str_eq(out, want);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "report --name a/b"), 2);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "report extra"), 2);
+    omv_strbuf_fini(&body);
+    for (int i = 0; i < 2; i++)
+        expect_exit_0(w[i], "worker");
+    shutdown_daemon(d);
+
+    /* run --report: the files are there when run returns, and agree with its summary. */
+    write_job(2, 2, "");
+    snprintf(args, sizeof(args), "--report %s/run-report", test_dir);
+    ck_assert_int_eq(run_ctl(out, sizeof(out), args), 0);
+    double run_acc = json_number(out, "test_accuracy");
+    ck_assert_msg(isfinite(run_acc), "%s", out);
+    snprintf(csv, sizeof(csv), "%s/run-report/omnivore-report-blobs.csv", test_dir);
+    snprintf(svg, sizeof(svg), "%s/run-report/omnivore-report-blobs.svg", test_dir);
+    ck_assert_int_gt(read_file(csv, text, sizeof(text)), 0);
+    last = check_report_csv(text, 1);
+    ck_assert_msg(fabs(last - run_acc) < 6e-5, "report's last accuracy %g, run's %g", last,
+                  run_acc);
+    ck_assert_int_gt(read_file(svg, text, sizeof(text)), 1000);
 }
 END_TEST
 
@@ -454,6 +573,7 @@ int main(void)
     tcase_add_test(tc, test_errors_say_what_to_do);
     tcase_add_test(tc, test_sd_notify);
     tcase_add_test(tc, test_memory_deny_write_execute);
+    tcase_add_test(tc, test_report);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }
