@@ -250,6 +250,7 @@ static void remove_member(omv_daemon_t *d, member_t *m, member_state_t why)
     if (m->role == OMV_ROLE_TRAINER) {
         omv_groups_leave(d->groups, m->slot);
         assign_slices(d);
+        omv_daemon_opt_membership(d);
     } else if (d->evaluator == id) {
         d->evaluator = 0;
         d->eval_busy = 0;
@@ -484,6 +485,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         m->slot = (uint32_t)slot;
         int next = omv_groups_join(d->groups, m->slot, group);
         assign_slices(d);
+        omv_daemon_opt_membership(d);
         wl->group = group;
         wl->start_step = omv_groups_clock(d->groups, group) + (next > 0 ? 1 : 0);
         wl->job.slice_begin = m->slice_begin;
@@ -985,11 +987,9 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
     free(d->params);
     free(d->gather_params);
     free(d->gather_velocity);
-    free(d->probe_params);
-    free(d->probe_velocity);
     free(d->group_loss_sum);
     free(d->group_loss_n);
-    omv_daemon_opt_stop(d);
+    omv_daemon_opt_reset(d); /* the probe base too */
     free(d->members);
     free(d->group_images);
     free(d->history);
