@@ -287,7 +287,11 @@ static void json_str(omv_strbuf_t *sb, const char *key, const char *v)
 static void rec_begin(omv_optimizer_t *self, const char *event, double now_s)
 {
     omv_strbuf_printf(&self->log, "{\"event\":\"%s\"", event);
-    json_num(&self->log, "t_s", now_s);
+    /* Ten digits: monotonic seconds run to five before the point. */
+    if (isfinite(now_s))
+        omv_strbuf_printf(&self->log, ",\"t_s\":%.10g", now_s);
+    else
+        omv_strbuf_printf(&self->log, ",\"t_s\":null");
     omv_strbuf_printf(&self->log, ",\"phase\":%u", self->phase);
 }
 

@@ -758,6 +758,16 @@ START_TEST(test_decisions_json)
     ck_assert_ptr_nonnull(strstr(sb.data, "state=running"));
     omv_strbuf_fini(&sb);
     sim_fini(&s);
+
+    /* Times keep their milliseconds however long the machine has been up. */
+    omv_optimizer_t *o = omv_optimizer_new(&p);
+    omv_opt_cmd_t c;
+    ck_assert_int_eq(omv_optimizer_poll(o, 12345.678, &c), 1);
+    omv_strbuf_init(&sb);
+    omv_optimizer_decisions(o, &sb);
+    ck_assert_ptr_nonnull(strstr(sb.data, "\"t_s\":12345.678,"));
+    omv_strbuf_fini(&sb);
+    omv_optimizer_destroy(&o);
 }
 END_TEST
 
