@@ -56,9 +56,11 @@ int omv_daemon_checkpoint(omv_daemon_t *d, int finished)
     char err[OMV_CHECKPOINT_ERR_MAX] = "out of memory";
     if (!c.clocks || !c.history || !c.members || omv_daemon_opt_save(d, &c.opt) < 0)
         goto out;
-    if (omv_daemon_opt_probing(d) && d->probe_params != NULL) {
-        /* The shards hold a probe's model, which is thrown away: the model the search started
-         * from is the one to keep (the optimizer's state says the search runs again). */
+    if ((omv_daemon_opt_probing(d) || (d->reconfig.pending && d->reconfig.restore)) &&
+        d->probe_params != NULL) {
+        /* The shards hold a probe's model, which is thrown away (or one the optimizer is about
+         * to replace with the base): the base is the model to keep, where the search runs again
+         * from or the phase starts. */
         c.params = d->probe_params;
         c.velocity = d->probe_velocity;
     } else {

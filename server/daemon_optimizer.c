@@ -83,6 +83,9 @@ void omv_daemon_opt_reset(omv_daemon_t *d)
     d->probe_seconds_total = 0.0;
     d->opt_search_since = 0.0;
     d->n_phases = 0;
+    /* A change still waiting for the optimizer would save or restore a base that is gone. */
+    d->reconfig.snapshot = d->reconfig.restore = 0;
+    d->reconfig.opt_gen = 0;
     /* The next job's model may have another size. */
     free(d->probe_params);
     free(d->probe_velocity);
