@@ -29,13 +29,13 @@ int omv_daemon_opt_start(omv_daemon_t *d)
     if (d->opt == NULL) {
         int r = -errno;
         omv_log_error("cannot start the optimizer: %s (check [optimizer] and [cluster] groups: a "
-                      "fixed number of groups must divide the workers)", omv_strerror(r));
+                      "fixed number of groups must divide the workers)",
+                      omv_strerror(r));
         return r;
     }
     if (d->ckpt_enabled) {
         /* Appended to: a resumed job's decisions follow those made before the restart. */
-        snprintf(d->decisions_path, sizeof(d->decisions_path), "%s/decisions.jsonl",
-                 d->ckpt_dir);
+        snprintf(d->decisions_path, sizeof(d->decisions_path), "%s/decisions.jsonl", d->ckpt_dir);
         d->decisions = fopen(d->decisions_path, "a");
         if (d->decisions == NULL)
             omv_log_warn("cannot write %s: %s; decisions are only in status", d->decisions_path,
@@ -147,9 +147,9 @@ int omv_daemon_opt_save(const omv_daemon_t *d, omv_checkpoint_opt_t *ret)
     ret->probe_seconds_total = omv_daemon_opt_probe_seconds(d);
     ret->n_phases = d->n_phases;
     for (uint32_t i = 0; i < d->n_phases; i++)
-        ret->phases[i] = (omv_checkpoint_phase_t){d->phases[i].phase, d->phases[i].groups,
-                                                  d->phases[i].momentum,
-                                                  d->phases[i].learning_rate, d->phases[i].epoch};
+        ret->phases[i] =
+            (omv_checkpoint_phase_t){d->phases[i].phase, d->phases[i].groups, d->phases[i].momentum,
+                                     d->phases[i].learning_rate, d->phases[i].epoch};
     return 0;
 }
 
@@ -258,12 +258,13 @@ void omv_daemon_opt_report(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_strbuf_init(&line);
     omv_optimizer_describe(d->opt, &line);
     if (json) {
-        omv_strbuf_printf(out, "{\"enabled\":true,\"state\":\"%s\",\"phase\":%u,\"groups\":%u,"
-                               "\"momentum\":%g,\"learning_rate\":%g,\"groups_for_speed\":%u,"
-                               "\"groups_max\":%u,\"probes\":%llu,\"divergences\":%llu,"
-                               "\"probe_images\":%llu,\"probe_seconds\":%.3f,\"now\":",
-                          states[st.state], st.phase, st.groups, st.momentum, st.lr,
-                          st.groups_he, st.groups_max, (unsigned long long)st.probes_total,
+        omv_strbuf_printf(out,
+                          "{\"enabled\":true,\"state\":\"%s\",\"phase\":%u,\"groups\":%u,"
+                          "\"momentum\":%g,\"learning_rate\":%g,\"groups_for_speed\":%u,"
+                          "\"groups_max\":%u,\"probes\":%llu,\"divergences\":%llu,"
+                          "\"probe_images\":%llu,\"probe_seconds\":%.3f,\"now\":",
+                          states[st.state], st.phase, st.groups, st.momentum, st.lr, st.groups_he,
+                          st.groups_max, (unsigned long long)st.probes_total,
                           (unsigned long long)st.divergences_total,
                           (unsigned long long)d->probe_images_total, probe_s);
         omv_strbuf_json_string(out, omv_strbuf_str(&line));

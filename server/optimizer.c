@@ -71,15 +71,15 @@ struct omv_optimizer {
 
     /* The search. */
     stage_t stage;
-    bool first;        /* the first search (cold start, timing) */
-    bool snap;         /* the probe base is this search's (taken, or the rolled-back phase's) */
-    double lr_ref;     /* the grid probes lr_ref and lr_ref / 10 */
+    bool first;         /* the first search (cold start, timing) */
+    bool snap;          /* the probe base is this search's (taken, or the rolled-back phase's) */
+    double lr_ref;      /* the grid probes lr_ref and lr_ref / 10 */
     double next_lr_ref; /* lr_ref of the next search: the phase's lr, a tenth after divergence */
-    uint32_t g_he;     /* g for hardware efficiency; 0 until measured */
-    uint32_t g_search; /* g of the current grid */
-    uint32_t g_cur;    /* timing: largest g accepted so far */
-    double spi_cur;    /* its seconds per iteration */
-    run_t *runs;       /* [cap_runs] the search's configurations, in probe order */
+    uint32_t g_he;      /* g for hardware efficiency; 0 until measured */
+    uint32_t g_search;  /* g of the current grid */
+    uint32_t g_cur;     /* timing: largest g accepted so far */
+    double spi_cur;     /* its seconds per iteration */
+    run_t *runs;        /* [cap_runs] the search's configurations, in probe order */
     size_t n_runs, cap_runs, stage_begin, cur;
     double *scratch; /* [cap_runs] */
 
@@ -892,8 +892,8 @@ static void phase_diverged(omv_optimizer_t *self, const char *why, double now_s)
     char reason[320];
     if (can)
         snprintf(reason, sizeof(reason),
-                 "%s: back to the phase's starting model, and a search from it with lr_ref %g",
-                 why, next);
+                 "%s: back to the phase's starting model, and a search from it with lr_ref %g", why,
+                 next);
     else
         snprintf(reason, sizeof(reason), "%s; the phase goes on: %s", why,
                  !self->base_phase ? "no starting model to go back to (nothing was probed)"
@@ -993,11 +993,11 @@ int omv_optimizer_poll(omv_optimizer_t *self, double now_s, omv_opt_cmd_t *ret_c
 
 void omv_optimizer_status(const omv_optimizer_t *self, omv_opt_status_t *ret_status)
 {
-    *ret_status = (omv_opt_status_t){self->state,         self->phase,
-                                     self->gen,           self->g,
-                                     self->momentum,      self->lr,
-                                     self->g_he,          self->g_max,
-                                     self->probes_total,  self->divergences_total};
+    *ret_status = (omv_opt_status_t){self->state,        self->phase,
+                                     self->gen,          self->g,
+                                     self->momentum,     self->lr,
+                                     self->g_he,         self->g_max,
+                                     self->probes_total, self->divergences_total};
 }
 
 /* ---- membership ---- */
@@ -1022,8 +1022,8 @@ int omv_optimizer_set_workers(omv_optimizer_t *self, uint32_t live, double now_s
         uint32_t g = allowed_g(self, self->phase_g), done = run_slowest(self);
         uint32_t left = self->budget > done ? self->budget - done : 1;
         snprintf(reason, sizeof(reason),
-                 "%u live workers (were %u): phase %u goes on at g=%u for its %u steps left",
-                 live, before, self->phase, g, left);
+                 "%u live workers (were %u): phase %u goes on at g=%u for its %u steps left", live,
+                 before, self->phase, g, left);
         omv_strbuf_printf(&self->log, ",\"g\":%u", g);
         json_str(&self->log, "reason", reason);
         rec_end(self);
@@ -1126,9 +1126,8 @@ int omv_optimizer_restore(omv_optimizer_t *self, const omv_opt_saved_t *saved, d
     uint32_t g_he = self->tune_g ? saved->groups_he : (uint32_t)p->groups;
     if (saved->phase > 0 &&
         ((self->tune_g && !pow2_divisor(g, p->workers)) ||
-         (self->tune_g && g_he != 0 && !pow2_divisor(g_he, p->workers)) ||
-         !(m >= 0.0 && m < 1.0) || !(lr > 0.0 && isfinite(lr)) ||
-         !(lr_ref > 0.0 && isfinite(lr_ref))))
+         (self->tune_g && g_he != 0 && !pow2_divisor(g_he, p->workers)) || !(m >= 0.0 && m < 1.0) ||
+         !(lr > 0.0 && isfinite(lr)) || !(lr_ref > 0.0 && isfinite(lr_ref))))
         return -EINVAL;
     self->probes_total = saved->probes_total;
     self->divergences_total = saved->divergences_total;
@@ -1160,8 +1159,8 @@ int omv_optimizer_restore(omv_optimizer_t *self, const omv_opt_saved_t *saved, d
         begin_search(self, false, now_s);
         return 0;
     }
-    uint32_t done = saved->phase_steps_done < p->phase_steps ? saved->phase_steps_done
-                                                             : p->phase_steps - 1;
+    uint32_t done =
+        saved->phase_steps_done < p->phase_steps ? saved->phase_steps_done : p->phase_steps - 1;
     uint32_t left = p->phase_steps - done;
     g = allowed_g(self, g);
     rec_begin(self, "resume", now_s);
@@ -1178,8 +1177,8 @@ int omv_optimizer_restore(omv_optimizer_t *self, const omv_opt_saved_t *saved, d
     /* The model resumed from is the phase's rollback point. */
     self->base_phase = true;
     self->watch = true;
-    issue(self, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_DONE_SEARCH, g, m, lr,
-          now_s, left);
+    issue(self, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_DONE_SEARCH, g, m, lr, now_s,
+          left);
     return 0;
 }
 

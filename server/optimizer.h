@@ -124,8 +124,8 @@ typedef struct {
     uint32_t groups; /* the configuration of the latest SET (the job's values before any) */
     double momentum;
     double lr;
-    uint32_t groups_he;  /* g chosen for hardware efficiency (0: not measured yet) */
-    uint32_t groups_max; /* the live trainers: no g above it */
+    uint32_t groups_he;         /* g chosen for hardware efficiency (0: not measured yet) */
+    uint32_t groups_max;        /* the live trainers: no g above it */
     uint64_t probes_total;      /* probes run (re-runs included, reused results not) */
     uint64_t divergences_total; /* phases that diverged and were rolled back */
 } omv_opt_status_t;

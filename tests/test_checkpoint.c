@@ -422,8 +422,7 @@ static void assert_same(const omv_checkpoint_t *got, const omv_checkpoint_t *wan
     ck_assert_uint_eq(a->probes_total, b->probes_total);
     ck_assert_uint_eq(a->divergences_total, b->divergences_total);
     ck_assert_uint_eq(got->opt.probe_images_total, want->opt.probe_images_total);
-    ck_assert_mem_eq(&got->opt.probe_seconds_total, &want->opt.probe_seconds_total,
-                     sizeof(double));
+    ck_assert_mem_eq(&got->opt.probe_seconds_total, &want->opt.probe_seconds_total, sizeof(double));
     ck_assert_uint_eq(got->opt.n_phases, want->opt.n_phases);
     for (uint32_t i = 0; i < want->opt.n_phases; i++) {
         const omv_checkpoint_phase_t *x = &got->opt.phases[i], *y = &want->opt.phases[i];
@@ -855,8 +854,8 @@ START_TEST(test_repeated_sections_do_not_leak)
     size_t len;
     unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
     bytes_t b = body_of(ckpt_path(dir, 1));
-    const uint32_t tags[] = {TAG_CLOCKS, TAG_PARAMS,  TAG_VELOCITY,
-                             TAG_HISTORY, TAG_JOB,   TAG_MEMBERS, TAG_OPTIMIZER};
+    const uint32_t tags[] = {TAG_CLOCKS, TAG_PARAMS,  TAG_VELOCITY, TAG_HISTORY,
+                             TAG_JOB,    TAG_MEMBERS, TAG_OPTIMIZER};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(tags); i++) {
         size_t at = section_at(buf, len, tags[i]);
         uint64_t slen;

@@ -358,7 +358,8 @@ START_TEST(test_snapshot_restore_order)
     ck_assert_uint_eq(s.cmds[first_phase].flags,
                       OMV_OPT_CMD_RESTORE | OMV_OPT_CMD_SET | OMV_OPT_CMD_DONE_SEARCH);
     /* The next search snapshots the model the phase trained, then restores it likewise. */
-    ck_assert_uint_eq(s.cmds[first_phase + 1].flags, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
+    ck_assert_uint_eq(s.cmds[first_phase + 1].flags,
+                      OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
     int second = phase_cmd(&s, first_phase + 1);
     ck_assert_int_gt(second, first_phase + 1);
     for (int i = first_phase + 2; i < second; i++)
@@ -561,7 +562,8 @@ START_TEST(test_phase_lr_stays_or_drops_tenfold)
             int n = probes_in(&s, from, i, c, 32);
             for (int k = 0; k < n; k++)
                 ck_assert(near(c[k].lr, prev) || near(c[k].lr, prev / 10.0));
-            ck_assert_uint_eq(s.cmds[from].flags, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
+            ck_assert_uint_eq(s.cmds[from].flags,
+                              OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
         }
         prev = lr;
         from = i + 1;
@@ -982,8 +984,7 @@ START_TEST(test_save_restore_mid_phase)
     ck_assert_int_eq(b.n_cmds, 1); /* not over yet */
     sim_step(&b);
     ck_assert_int_eq(b.n_cmds, 2); /* the next search's snapshot */
-    ck_assert_uint_eq(b.cmds[1].flags,
-                      OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
+    ck_assert_uint_eq(b.cmds[1].flags, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
     sim_until_phase(&b, 5);
     int pa = phase_cmd(&a, a_mark), pb = phase_cmd(&b, 1);
     for (int k = 0; k < 2; k++) {
@@ -1033,8 +1034,7 @@ START_TEST(test_save_restore_mid_search)
 
     /* The search runs again from its start and makes the same choice. */
     sim_init_restored(&b, &p, f_schedule, t_flat, &saved, base);
-    ck_assert_uint_eq(b.cmds[0].flags,
-                      OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
+    ck_assert_uint_eq(b.cmds[0].flags, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE);
     ck_assert(near(b.cmds[0].lr, saved.lr_ref / 10.0));
     sim_until_phase(&b, 3);
     cfg_t ca = cmd_cfg(&a, phase_cmd(&a, p2 + 1)), cb = cmd_cfg(&b, phase_cmd(&b, 0));
@@ -1068,8 +1068,13 @@ END_TEST
 START_TEST(test_restore_rejects_what_does_not_fit)
 {
     omv_optimizer_params_t p = params(4);
-    omv_opt_saved_t saved = {.phase = 2, .running = 1, .groups = 3, .momentum = 0.3,
-                             .lr = 0.01, .lr_ref = 0.01, .groups_he = 4};
+    omv_opt_saved_t saved = {.phase = 2,
+                             .running = 1,
+                             .groups = 3,
+                             .momentum = 0.3,
+                             .lr = 0.01,
+                             .lr_ref = 0.01,
+                             .groups_he = 4};
     omv_optimizer_t *o = omv_optimizer_new(&p);
     ck_assert_ptr_nonnull(o);
     /* g = 3 is no power of two dividing 4. */

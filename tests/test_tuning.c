@@ -224,8 +224,7 @@ START_TEST(test_optimizer_resumes_after_sigkill)
     char key[32], want[200], got[200] = "";
     snprintf(key, sizeof(key), "phase_%.0f", phase);
     ck_assert_int_eq(text_field(omv_strbuf_str(&body), key, got, sizeof(got)), 0);
-    snprintf(want, sizeof(want), "groups=%.0f momentum=%g learning_rate=%g ", groups, momentum,
-             lr);
+    snprintf(want, sizeof(want), "groups=%.0f momentum=%g learning_rate=%g ", groups, momentum, lr);
     ck_assert_msg(strncmp(got, want, strlen(want)) == 0, "%s is %s, was %s", key, got, want);
     snprintf(key, sizeof(key), "phase_%.0f", json_after(resumed, "phase"));
     ck_assert_int_eq(text_field(omv_strbuf_str(&body), key, got, sizeof(got)), 0);
@@ -273,8 +272,7 @@ START_TEST(test_optimizer_follows_membership)
     kill(w[3], SIGKILL);
     ck_assert_int_eq(waitpid(w[3], NULL, 0), w[3]);
     wait_done(&body, 180000);
-    ck_assert_msg(field(omv_strbuf_str(&body), "test_accuracy") > 0.9, "%s",
-                  omv_strbuf_str(&body));
+    ck_assert_msg(field(omv_strbuf_str(&body), "test_accuracy") > 0.9, "%s", omv_strbuf_str(&body));
     ck_assert_int_eq(field(omv_strbuf_str(&body), "deaths_total"), 1);
     ck_assert_msg(field(omv_strbuf_str(&body), "groups_now") <= 2, "%s", omv_strbuf_str(&body));
     for (int i = 0; i < 3; i++)
