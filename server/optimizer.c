@@ -1036,8 +1036,10 @@ int omv_optimizer_set_workers(omv_optimizer_t *self, uint32_t live, double now_s
      * again from the snapshot, unless its g is no longer allowed. */
     run_t *r = &self->runs[self->cur];
     omv_strbuf_t *sb = &self->log;
-    omv_strbuf_printf(sb, ",\"g\":%u,\"discarded\":{\"stage\":\"%s\",\"g\":%u",
-                      allowed_g(self, self->stage == STAGE_GRID ? self->g_search : r->g),
+    uint32_t g_next = self->stage == STAGE_TIMING
+                          ? 1
+                          : allowed_g(self, self->stage == STAGE_GRID ? self->g_search : r->g);
+    omv_strbuf_printf(sb, ",\"g\":%u,\"discarded\":{\"stage\":\"%s\",\"g\":%u", g_next,
                       stage_names[r->stage], r->g);
     json_num(sb, "momentum", r->momentum);
     json_num(sb, "lr", r->lr);

@@ -1205,6 +1205,8 @@ START_TEST(test_membership_reruns_the_probe)
     decisions(&s, &sb);
     ck_assert_ptr_nonnull(strstr(sb.data, "\"discarded\":{\"stage\":\"cold\",\"g\":1,"));
     ck_assert_ptr_nonnull(strstr(sb.data, "\"steps\":5,\"observations\":5}"));
+    ck_assert_ptr_nonnull(strstr(sb.data, "\"workers\":2,\"from\":3,\"g_max\":2,\"g\":1,"
+                                          "\"discarded\":{\"stage\":\"timing\",\"g\":2,"));
     ck_assert_ptr_nonnull(strstr(sb.data, "the timing starts again at g=1"));
     omv_strbuf_fini(&sb);
     sim_fini(&s);
