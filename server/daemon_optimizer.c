@@ -25,6 +25,8 @@ int omv_daemon_opt_start(omv_daemon_t *d)
     p.lr = j->tune_learning_rate ? -1.0 : j->learning_rate;
     p.phase_steps = (uint32_t)j->phase_steps;
     p.probe_steps = (uint32_t)j->probe_steps;
+    p.later_probe_steps = (uint32_t)j->later_probe_steps;
+    p.first_grid_cold_lr = j->first_grid_cold_lr != 0;
     d->opt = omv_optimizer_new(&p);
     if (d->opt == NULL) {
         int r = -errno;
