@@ -61,6 +61,8 @@ typedef struct {
     int tune_groups, tune_momentum, tune_learning_rate; /* else the job's value is kept */
     int64_t phase_steps;         /* steps of the slowest group per phase */
     int64_t probe_steps;         /* per probe; 0: phase_steps / 80 */
+    int64_t later_probe_steps;   /* per probe of later searches; 0: from probe_steps */
+    int first_grid_cold_lr;      /* the first search's grids: the cold start's lr only */
     /* [checkpoint] */
     char checkpoint_dir[OMV_JOB_PATH_MAX]; /* empty: <state_dir>/checkpoints/<name> */
     double checkpoint_every_s;             /* 0: not by time */

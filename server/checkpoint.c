@@ -2,7 +2,9 @@
  *   "OMVCKPT\n", u32 format, u32 sections;
  *   sections: u32 tag, u32 zero, u64 length, length bytes;
  *   trailer: u64 bytes before the trailer, u32 CRC-32 of those bytes, "OEND".
- * Unknown section tags are skipped, so later versions can add sections without a new format. */
+ * Unknown section tags are skipped, so later versions can add sections without a new format.
+ * The optimizer's section (tag 8) is optional; its fields are only ever appended to (its first
+ * u32 counts the layout's revisions), so a reader takes the fields it knows and skips the rest. */
 #define OMV_LOG_TAG "checkpoint"
 #include "checkpoint.h"
 
@@ -32,7 +34,16 @@ enum {
     TAG_HISTORY = 5,
     TAG_JOB_TEXT = 6,
     TAG_MEMBERS = 7,
+    TAG_OPTIMIZER = 8,
 };
+
+/* The optimizer section: u32 layout (1); u32 phase, running, groups, phase_steps_done,
+ * groups_he; f64 momentum, learning rate, lr_ref; u64 probes, divergences, probe images;
+ * f64 probe seconds; u32 phases; then per phase u32 phase, groups, f64 momentum, learning
+ * rate, epoch. */
+#define OPT_LAYOUT 1
+#define OPT_FIXED_BYTES (4 + 5 * 4 + 3 * 8 + 3 * 8 + 8 + 4)
+#define OPT_PHASE_BYTES (2 * 4 + 3 * 8)
 
 /* ---- writing ---- */
 
@@ -89,13 +100,40 @@ static void section(writer_t *w, uint32_t tag, uint64_t len)
 
 #define META_BYTES (8 + 4 + 4 + 8 + 8 + 8 + 8 + 8 * 3 + 4 + 64)
 
+static void write_optimizer(writer_t *w, const omv_checkpoint_opt_t *o)
+{
+    const omv_opt_saved_t *st = &o->state;
+    section(w, TAG_OPTIMIZER, OPT_FIXED_BYTES + (uint64_t)o->n_phases * OPT_PHASE_BYTES);
+    put_u32(w, OPT_LAYOUT);
+    put_u32(w, st->phase);
+    put_u32(w, st->running);
+    put_u32(w, st->groups);
+    put_u32(w, st->phase_steps_done);
+    put_u32(w, st->groups_he);
+    put_f64(w, st->momentum);
+    put_f64(w, st->lr);
+    put_f64(w, st->lr_ref);
+    put_u64(w, st->probes_total);
+    put_u64(w, st->divergences_total);
+    put_u64(w, o->probe_images_total);
+    put_f64(w, o->probe_seconds_total);
+    put_u32(w, o->n_phases);
+    for (uint32_t i = 0; i < o->n_phases; i++) {
+        put_u32(w, o->phases[i].phase);
+        put_u32(w, o->phases[i].groups);
+        put_f64(w, o->phases[i].momentum);
+        put_f64(w, o->phases[i].learning_rate);
+        put_f64(w, o->phases[i].epoch);
+    }
+}
+
 static void write_body(writer_t *w, const omv_checkpoint_t *c)
 {
     size_t job_len = c->job_text ? strlen(c->job_text) : 0;
     size_t members_len = c->members ? strlen(c->members) : 0;
     put(w, MAGIC, 8);
     put_u32(w, OMV_CHECKPOINT_FORMAT);
-    put_u32(w, 7);
+    put_u32(w, c->opt.present ? 8 : 7);
 
     section(w, TAG_META, META_BYTES);
     put_u64(w, c->seq);
@@ -130,6 +168,8 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
     put(w, c->job_text ? c->job_text : "", job_len);
     section(w, TAG_MEMBERS, members_len);
     put(w, c->members ? c->members : "", members_len);
+    if (c->opt.present)
+        write_optimizer(w, &c->opt);
 
     uint64_t body = w->bytes;
     uint32_t crc = (uint32_t)w->crc;
@@ -257,6 +297,48 @@ static double get_f64(reader_t *rd, int *bad)
     return v;
 }
 
+/* Reads the optimizer section s into o (allocating its phases). Returns 0 or -EINVAL. */
+static int read_optimizer(reader_t *s, omv_checkpoint_opt_t *o)
+{
+    int bad = 0;
+    uint64_t len = (uint64_t)(s->end - s->p);
+    if (len < OPT_FIXED_BYTES)
+        return -EINVAL;
+    omv_opt_saved_t *st = &o->state;
+    uint32_t layout = get_u32(s, &bad);
+    st->phase = get_u32(s, &bad);
+    st->running = get_u32(s, &bad);
+    st->groups = get_u32(s, &bad);
+    st->phase_steps_done = get_u32(s, &bad);
+    st->groups_he = get_u32(s, &bad);
+    st->momentum = get_f64(s, &bad);
+    st->lr = get_f64(s, &bad);
+    st->lr_ref = get_f64(s, &bad);
+    st->probes_total = get_u64(s, &bad);
+    st->divergences_total = get_u64(s, &bad);
+    o->probe_images_total = get_u64(s, &bad);
+    o->probe_seconds_total = get_f64(s, &bad);
+    uint32_t n = get_u32(s, &bad);
+    if (bad || layout < 1 || st->running > 1 || n > OMV_CHECKPOINT_MAX_PHASES ||
+        (uint64_t)n * OPT_PHASE_BYTES > (uint64_t)(s->end - s->p))
+        return -EINVAL;
+    free(o->phases);
+    o->phases = calloc(n ? n : 1, sizeof(*o->phases));
+    if (o->phases == NULL)
+        return -ENOMEM;
+    o->n_phases = n;
+    for (uint32_t i = 0; i < n; i++) {
+        o->phases[i].phase = get_u32(s, &bad);
+        o->phases[i].groups = get_u32(s, &bad);
+        o->phases[i].momentum = get_f64(s, &bad);
+        o->phases[i].learning_rate = get_f64(s, &bad);
+        o->phases[i].epoch = get_f64(s, &bad);
+    }
+    /* A later layout's fields follow: not ours to read. */
+    o->present = 1;
+    return bad ? -EINVAL : 0;
+}
+
 #define BAD(...)                                                                                   \
     do {                                                                                           \
         snprintf(err, OMV_CHECKPOINT_ERR_MAX, __VA_ARGS__);                                        \
@@ -367,7 +449,7 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
             BAD("%s: section %u runs past the end of the file", path, tag);
         reader_t s = {rd.p, rd.p + slen};
         rd.p += slen;
-        if (tag >= TAG_META && tag <= TAG_MEMBERS) {
+        if (tag >= TAG_META && tag <= TAG_OPTIMIZER) {
             if (seen & (1u << tag))
                 BAD("%s: section %u appears twice", path, tag);
             seen |= 1u << tag;
@@ -441,6 +523,14 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
             free(c.members);
             c.members = dup_text(s.p, slen);
             break;
+        case TAG_OPTIMIZER: {
+            int ro = read_optimizer(&s, &c.opt);
+            if (ro == -ENOMEM)
+                BAD("%s: no memory", path);
+            if (ro < 0)
+                BAD("%s: the optimizer section (%" PRIu64 " bytes) is malformed", path, slen);
+            break;
+        }
         default:
             break; /* a later version's section */
         }
@@ -465,6 +555,7 @@ void omv_checkpoint_fini(omv_checkpoint_t *self)
     free(self->history);
     free(self->job_text);
     free(self->members);
+    free(self->opt.phases);
     memset(self, 0, sizeof(*self));
 }
 

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "optimizer.h"
+
 #define OMV_CHECKPOINT_FORMAT 1
 #define OMV_CHECKPOINT_ERR_MAX 512
 #define OMV_CHECKPOINT_MAX_GROUPS 1024
@@ -14,6 +16,26 @@
 typedef struct {
     double epoch, wall_s, accuracy, loss;
 } omv_checkpoint_eval_t;
+
+/* A phase the optimizer ran, for the summary. */
+typedef struct {
+    uint32_t phase, groups;
+    double momentum, learning_rate;
+    double epoch; /* when it began */
+} omv_checkpoint_phase_t;
+
+#define OMV_CHECKPOINT_MAX_PHASES 65536
+
+/* The optimizer's part: an optional section, absent from checkpoints of jobs without the
+ * optimizer and from those written before it existed (they read with present = 0). */
+typedef struct {
+    uint32_t present;
+    omv_opt_saved_t state;
+    uint64_t probe_images_total;
+    double probe_seconds_total;
+    uint32_t n_phases;
+    omv_checkpoint_phase_t *phases; /* [n_phases] */
+} omv_checkpoint_opt_t;
 
 typedef struct {
     uint64_t seq; /* increases with every checkpoint of a run */
@@ -31,6 +53,7 @@ typedef struct {
     uint32_t n_history;
     char *job_text;  /* the job file as it was (NUL-terminated); may be NULL */
     char *members;   /* one line per live worker: "id host pid group"; may be NULL */
+    omv_checkpoint_opt_t opt; /* written when opt.present */
 } omv_checkpoint_t;
 
 /* Writes self as DIR/checkpoint-<seq>.omv: into a temporary file, fsync, rename, fsync of the

@@ -255,6 +255,7 @@ static void remove_member(omv_daemon_t *d, member_t *m, member_state_t why)
     if (m->role == OMV_ROLE_TRAINER) {
         omv_groups_leave(d->groups, m->slot);
         assign_slices(d);
+        omv_daemon_opt_membership(d);
     } else if (d->evaluator == id) {
         d->evaluator = 0;
         d->eval_busy = 0;
@@ -535,6 +536,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         m->slot = (uint32_t)slot;
         int next = omv_groups_join(d->groups, m->slot, group);
         assign_slices(d);
+        omv_daemon_opt_membership(d);
         wl->group = group;
         wl->start_step = omv_groups_clock(d->groups, group) + (next > 0 ? 1 : 0);
         wl->job.slice_begin = m->slice_begin;
@@ -1103,12 +1105,10 @@ void omv_daemon_unload_job(omv_daemon_t *d)
     free(d->params);
     free(d->gather_params);
     free(d->gather_velocity);
-    free(d->probe_params);
-    free(d->probe_velocity);
     free(d->group_loss_sum);
     free(d->group_loss_n);
     free(d->group_images);
-    omv_daemon_opt_stop(d);
+    omv_daemon_opt_reset(d); /* the probe base too */
     omv_daemon_timeline_reset(d);
     free(d->history);
     free(d->job_text);

@@ -54,13 +54,22 @@ int omv_daemon_checkpoint(omv_daemon_t *d, int finished)
     c.history = calloc(d->n_history ? d->n_history : 1, sizeof(*c.history));
     c.members = members_text(d);
     char err[OMV_CHECKPOINT_ERR_MAX] = "out of memory";
-    if (!c.clocks || !c.history || !c.members)
+    if (!c.clocks || !c.history || !c.members || omv_daemon_opt_save(d, &c.opt) < 0)
         goto out;
-    r = omv_daemon_gather(d, 1);
-    if (r < 0) {
-        snprintf(err, sizeof(err), "cannot gather the model from the shard threads: %s",
-                 omv_strerror(r));
-        goto out;
+    if ((omv_daemon_opt_probing(d) || (d->reconfig.pending && d->reconfig.restore)) &&
+        d->probe_params != NULL) {
+        /* The shards hold a probe's model, which is thrown away (or one the optimizer is about
+         * to replace with the base): the base is the model to keep, where the search runs again
+         * from or the phase starts. */
+        c.params = d->probe_params;
+        c.velocity = d->probe_velocity;
+    } else {
+        r = omv_daemon_gather(d, 1);
+        if (r < 0) {
+            snprintf(err, sizeof(err), "cannot gather the model from the shard threads: %s",
+                     omv_strerror(r));
+            goto out;
+        }
     }
     for (uint32_t g = 0; g < groups; g++)
         c.clocks[g] = omv_groups_clock(d->groups, g);
@@ -94,7 +103,8 @@ out:
 
 void omv_daemon_checkpoint_if_due(omv_daemon_t *d)
 {
-    /* During a probe the shards hold a probe's model, which is thrown away: wait for the phase. */
+    /* During a probe the shards hold a probe's model: wait for the phase, not to stall a probe
+     * (its timing counts). One asked for now takes the search's base instead. */
     if (d->ckpt_due && d->ckpt_enabled && omv_groups_settled(d->groups) &&
         !omv_daemon_opt_probing(d))
         omv_daemon_checkpoint(d, d->state == JOB_DONE);
@@ -156,6 +166,7 @@ int omv_daemon_resume(omv_daemon_t *d)
             (eval_point_t){c.history[i].epoch, c.history[i].wall_s, c.history[i].accuracy,
                            c.history[i].loss};
     }
+    omv_daemon_opt_load(d, &c.opt);
     if (c.finished) {
         d->state = JOB_DONE;
         d->start_s = d->end_s = d->train_end_s = omv_time_s();

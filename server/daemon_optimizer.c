@@ -25,20 +25,39 @@ int omv_daemon_opt_start(omv_daemon_t *d)
     p.lr = j->tune_learning_rate ? -1.0 : j->learning_rate;
     p.phase_steps = (uint32_t)j->phase_steps;
     p.probe_steps = (uint32_t)j->probe_steps;
+    p.later_probe_steps = (uint32_t)j->later_probe_steps;
+    p.first_grid_cold_lr = j->first_grid_cold_lr != 0;
     d->opt = omv_optimizer_new(&p);
     if (d->opt == NULL) {
         int r = -errno;
         omv_log_error("cannot start the optimizer: %s (check [optimizer] and [cluster] groups: a "
-                      "fixed number of groups must divide the workers)", omv_strerror(r));
+                      "fixed number of groups must divide the workers)",
+                      omv_strerror(r));
         return r;
     }
     if (d->ckpt_enabled) {
-        snprintf(d->decisions_path, sizeof(d->decisions_path), "%s/decisions.jsonl",
-                 d->ckpt_dir);
+        /* Appended to: a resumed job's decisions follow those made before the restart. */
+        snprintf(d->decisions_path, sizeof(d->decisions_path), "%s/decisions.jsonl", d->ckpt_dir);
         d->decisions = fopen(d->decisions_path, "a");
         if (d->decisions == NULL)
             omv_log_warn("cannot write %s: %s; decisions are only in status", d->decisions_path,
                          omv_strerror(-errno));
+    }
+    int live = omv_daemon_live_trainers(d);
+    if (live > 0)
+        omv_optimizer_set_workers(d->opt, (uint32_t)live, omv_time_s());
+    if (d->opt_resume) {
+        d->opt_resume = 0;
+        int r = omv_optimizer_restore(d->opt, &d->opt_saved, omv_time_s());
+        if (r < 0)
+            omv_log_warn("the checkpoint's optimizer state (phase %u, g=%u) does not fit this "
+                         "job; the optimizer starts cold",
+                         d->opt_saved.phase, d->opt_saved.groups);
+        else if (d->opt_saved.phase > 0)
+            omv_log_info("optimizer resumed: phase %u %s (g=%u, momentum %g, lr %g)",
+                         d->opt_saved.phase,
+                         d->opt_saved.running ? "goes on" : "is over: its search runs again",
+                         d->opt_saved.groups, d->opt_saved.momentum, d->opt_saved.lr);
     }
     omv_log_info("optimizer on: it tunes%s%s%s; phases of %lld steps; decisions in %s",
                  j->tune_groups ? " groups" : "", j->tune_momentum ? " momentum" : "",
@@ -48,22 +67,107 @@ int omv_daemon_opt_start(omv_daemon_t *d)
     return 0;
 }
 
-void omv_daemon_opt_stop(omv_daemon_t *d)
+void omv_daemon_opt_reset(omv_daemon_t *d)
 {
     if (d->decisions) {
         fclose(d->decisions);
         d->decisions = NULL;
     }
     omv_optimizer_destroy(&d->opt);
+    d->decisions_path[0] = '\0';
+    d->opt_cursor = 0;
+    d->opt_gen = 0;
+    d->opt_cmd_flags = 0;
+    d->opt_in_probe = 0;
+    d->opt_resume = 0;
+    memset(&d->opt_saved, 0, sizeof(d->opt_saved));
+    d->probe_images_total = 0;
+    d->probe_seconds_total = 0.0;
+    d->opt_search_since = 0.0;
+    d->n_phases = 0;
+    /* A change still waiting for the optimizer would save or restore a base that is gone. */
+    d->reconfig.snapshot = d->reconfig.restore = 0;
+    d->reconfig.opt_gen = 0;
+    /* The next job's model may have another size. */
+    free(d->probe_params);
+    free(d->probe_velocity);
+    d->probe_params = d->probe_velocity = NULL;
 }
 
 int omv_daemon_opt_probing(const omv_daemon_t *d)
 {
-    if (d->opt == NULL)
-        return 0;
+    return d->opt != NULL && d->opt_in_probe;
+}
+
+/* Keeps the time spent searching: from when the optimizer leaves a phase (or starts) until the
+ * next phase's command is carried out. */
+static void track_search(omv_daemon_t *d)
+{
     omv_opt_status_t st;
     omv_optimizer_status(d->opt, &st);
-    return st.state == OMV_OPT_STATE_PROBING;
+    int searching = st.state == OMV_OPT_STATE_PROBING || d->opt_in_probe;
+    double now = omv_time_s();
+    if (searching && d->opt_search_since == 0.0) {
+        d->opt_search_since = now;
+    } else if (!searching && d->opt_search_since != 0.0) {
+        d->probe_seconds_total += now - d->opt_search_since;
+        d->opt_search_since = 0.0;
+    }
+}
+
+double omv_daemon_opt_probe_seconds(const omv_daemon_t *d)
+{
+    double s = d->probe_seconds_total;
+    if (d->opt_search_since != 0.0)
+        s += omv_time_s() - d->opt_search_since;
+    return s;
+}
+
+void omv_daemon_opt_membership(omv_daemon_t *d)
+{
+    if (d->opt == NULL || d->state != JOB_RUNNING)
+        return;
+    int live = omv_daemon_live_trainers(d);
+    if (live <= 0)
+        return; /* the job fails */
+    if (omv_optimizer_set_workers(d->opt, (uint32_t)live, omv_time_s()) > 0)
+        omv_log_info("%d live trainers: the optimizer regroups (see its decisions)", live);
+    omv_daemon_opt_poll(d);
+}
+
+int omv_daemon_opt_save(const omv_daemon_t *d, omv_checkpoint_opt_t *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    if (d->opt == NULL)
+        return 0;
+    ret->phases = calloc(d->n_phases ? d->n_phases : 1, sizeof(*ret->phases));
+    if (ret->phases == NULL)
+        return -ENOMEM;
+    ret->present = 1;
+    omv_optimizer_save(d->opt, &ret->state);
+    ret->probe_images_total = d->probe_images_total;
+    ret->probe_seconds_total = omv_daemon_opt_probe_seconds(d);
+    ret->n_phases = d->n_phases;
+    for (uint32_t i = 0; i < d->n_phases; i++)
+        ret->phases[i] =
+            (omv_checkpoint_phase_t){d->phases[i].phase, d->phases[i].groups, d->phases[i].momentum,
+                                     d->phases[i].learning_rate, d->phases[i].epoch};
+    return 0;
+}
+
+void omv_daemon_opt_load(omv_daemon_t *d, const omv_checkpoint_opt_t *o)
+{
+    if (!o->present)
+        return;
+    d->opt_saved = o->state;
+    d->opt_resume = 1;
+    d->probe_images_total = o->probe_images_total;
+    d->probe_seconds_total = o->probe_seconds_total;
+    d->n_phases = 0;
+    for (uint32_t i = 0; i < o->n_phases && d->n_phases < OMV_DAEMON_MAX_PHASES; i++)
+        d->phases[d->n_phases++] =
+            (opt_phase_t){o->phases[i].phase, o->phases[i].groups, o->phases[i].momentum,
+                          o->phases[i].learning_rate, o->phases[i].epoch};
 }
 
 /* Appends the decisions made since the last call to the decisions file. */
@@ -90,6 +194,12 @@ void omv_daemon_opt_poll(omv_daemon_t *d)
         omv_reconfig_t rc = {.opt_gen = cmd.gen};
         rc.snapshot = (cmd.flags & OMV_OPT_CMD_SNAPSHOT) != 0;
         rc.restore = (cmd.flags & OMV_OPT_CMD_RESTORE) != 0;
+        /* A snapshot still waiting to be taken is the base this restore would bring back (a
+         * probe run again before the first one began): restoring first would bring back an
+         * older search's base. */
+        if (rc.restore && d->reconfig.pending && d->reconfig.snapshot)
+            rc.restore = 0;
+        d->opt_cmd_flags = cmd.flags;
         if (cmd.flags & OMV_OPT_CMD_SET) {
             rc.groups = cmd.groups;
             rc.set_sgd = 1;
@@ -97,6 +207,7 @@ void omv_daemon_opt_poll(omv_daemon_t *d)
         }
         omv_daemon_request_reconfig(d, &rc);
     }
+    track_search(d);
     write_decisions(d);
 }
 
@@ -105,6 +216,9 @@ void omv_daemon_opt_applied(omv_daemon_t *d, uint64_t gen)
     if (d->opt == NULL || gen == 0)
         return;
     d->opt_gen = gen;
+    /* The latest command asked for decides what the shards hold now. */
+    d->opt_in_probe = (d->opt_cmd_flags & OMV_OPT_CMD_PROBE) != 0;
+    track_search(d);
     omv_opt_status_t st;
     omv_optimizer_status(d->opt, &st);
     omv_strbuf_t line;
@@ -141,15 +255,20 @@ void omv_daemon_opt_report(omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_opt_status_t st;
     omv_optimizer_status(d->opt, &st);
     static const char *const states[] = {"fixed", "idle", "probing", "running"};
+    double probe_s = omv_daemon_opt_probe_seconds(d), train_s = omv_daemon_train_seconds(d);
     omv_strbuf_t line;
     omv_strbuf_init(&line);
     omv_optimizer_describe(d->opt, &line);
     if (json) {
-        omv_strbuf_printf(out, "{\"enabled\":true,\"state\":\"%s\",\"phase\":%u,\"groups\":%u,"
-                               "\"momentum\":%g,\"learning_rate\":%g,\"groups_for_speed\":%u,"
-                               "\"probe_images\":%llu,\"now\":",
-                          states[st.state], st.phase, st.groups, st.momentum, st.lr,
-                          st.groups_he, (unsigned long long)d->probe_images_total);
+        omv_strbuf_printf(out,
+                          "{\"enabled\":true,\"state\":\"%s\",\"phase\":%u,\"groups\":%u,"
+                          "\"momentum\":%g,\"learning_rate\":%g,\"groups_for_speed\":%u,"
+                          "\"groups_max\":%u,\"probes\":%llu,\"divergences\":%llu,"
+                          "\"probe_images\":%llu,\"probe_seconds\":%.3f,\"now\":",
+                          states[st.state], st.phase, st.groups, st.momentum, st.lr, st.groups_he,
+                          st.groups_max, (unsigned long long)st.probes_total,
+                          (unsigned long long)st.divergences_total,
+                          (unsigned long long)d->probe_images_total, probe_s);
         omv_strbuf_json_string(out, omv_strbuf_str(&line));
         omv_strbuf_append(out, ",\"phases\":[", 11);
         for (uint32_t i = 0; i < d->n_phases; i++)
@@ -174,7 +293,12 @@ void omv_daemon_opt_report(omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_kv_double(&kv, "momentum", st.momentum, 3);
         omv_kv_double(&kv, "learning_rate", st.lr, 6);
         omv_kv_int(&kv, "groups_for_speed", st.groups_he);
+        omv_kv_int(&kv, "groups_max", st.groups_max);
+        omv_kv_int(&kv, "probes_total", (int64_t)st.probes_total);
+        omv_kv_int(&kv, "divergences_total", (int64_t)st.divergences_total);
         omv_kv_int(&kv, "probe_images_total", (int64_t)d->probe_images_total);
+        omv_kv_double(&kv, "probe_seconds_total", probe_s, 2);
+        omv_kv_double(&kv, "probe_fraction", train_s > 0 ? probe_s / train_s : 0.0, 3);
         omv_kv_str(&kv, "decisions_file", d->decisions ? d->decisions_path : "");
         omv_kv_section(&kv, "phases");
         for (uint32_t i = 0; i < d->n_phases; i++) {

@@ -217,6 +217,12 @@ struct omv_daemon {
     double *group_loss_sum; /* [max groups] losses of the group's current step */
     uint32_t *group_loss_n;
     uint64_t probe_images_total; /* images of probes: thrown away, not counted as training */
+    double probe_seconds_total;  /* s of searches that ended (probes, their barriers) */
+    double opt_search_since;     /* when the search under way began (0: none) */
+    unsigned opt_cmd_flags;      /* the last command asked for (OMV_OPT_CMD_*) */
+    int opt_in_probe;            /* the shards hold a probe's model (a PROBE command applied) */
+    int opt_resume;              /* opt_saved came from a checkpoint: the optimizer takes it up */
+    omv_opt_saved_t opt_saved;
     opt_phase_t phases[OMV_DAEMON_MAX_PHASES];
     uint32_t n_phases;
     uint64_t regroups_total;
@@ -349,7 +355,21 @@ void omv_daemon_opt_poll(omv_daemon_t *d);
 void omv_daemon_opt_applied(omv_daemon_t *d, uint64_t gen);
 /* Whether a probe runs (the model is a probe's: no evaluations, checkpoints, or counting). */
 int omv_daemon_opt_probing(const omv_daemon_t *d);
-void omv_daemon_opt_stop(omv_daemon_t *d);
+/* The live trainers changed (a trainer joined, left or died): the optimizer caps g by them and
+ * runs again the probe they disturbed. */
+void omv_daemon_opt_membership(omv_daemon_t *d);
+/* Releases the job's optimizer state: the optimizer, its decisions file, the phases table, its
+ * counters, the probe base and what a resumed checkpoint left for it. For the end of a job (and
+ * omv_daemon_destroy); the next job's omv_daemon_opt_start begins afresh. */
+void omv_daemon_opt_reset(omv_daemon_t *d);
+/* Seconds spent searching so far (probes and their barriers), the search under way included. */
+double omv_daemon_opt_probe_seconds(const omv_daemon_t *d);
+/* Fills a checkpoint's optimizer part (phases allocated: omv_checkpoint_fini frees them).
+ * Returns 0 or -ENOMEM. */
+int omv_daemon_opt_save(const omv_daemon_t *d, omv_checkpoint_opt_t *ret);
+/* Takes a resumed checkpoint's optimizer part: the phases table and counters now, the state
+ * when the optimizer starts. */
+void omv_daemon_opt_load(omv_daemon_t *d, const omv_checkpoint_opt_t *o);
 /* The optimizer's state and decisions for status, the summary and `omnivorectl optimizer`. */
 void omv_daemon_opt_report(omv_daemon_t *d, omv_strbuf_t *out, int json);
 

@@ -65,6 +65,8 @@ static void reply_status(omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_optimizer_describe(d->opt, &line);
         omv_kv_str(&kv, "optimizer", omv_strbuf_str(&line));
         omv_strbuf_fini(&line);
+        omv_kv_int(&kv, "probe_images_total", (int64_t)d->probe_images_total);
+        omv_kv_double(&kv, "probe_seconds_total", omv_daemon_opt_probe_seconds(d), 2);
     } else {
         omv_kv_str(&kv, "optimizer", "off");
     }
@@ -423,6 +425,8 @@ static void reply_summary(omv_daemon_t *d, omv_strbuf_t *out, int json)
     if (d->ckpt_resumed_from[0])
         omv_kv_str(&kv, "resumed_from", d->ckpt_resumed_from);
     if (d->opt) {
+        omv_kv_int(&kv, "probe_images_total", (int64_t)d->probe_images_total);
+        omv_kv_double(&kv, "probe_seconds_total", omv_daemon_opt_probe_seconds(d), 1);
         omv_kv_section(&kv, "phases");
         for (uint32_t i = 0; i < d->n_phases; i++) {
             char key[32], val[160];

@@ -1,5 +1,6 @@
 /* The Omnivore optimizer's state machine: cold start, hardware-efficiency search over g, the
- * momentum x learning-rate grid from one snapshot, phases, and the decision log.
+ * momentum x learning-rate grid from one snapshot, phases, their rollback when one diverges,
+ * membership changes, resuming from saved state, and the decision log.
  *
  * Decision records (one JSON object each, all with "event", "t_s" and "phase"):
  *   probe   a run from the snapshot: "stage" (cold, timing, grid), "g", "momentum", "lr",
@@ -18,7 +19,15 @@
  *           "phase_steps", "probe_steps".
  *   phase_end  a phase completed its steps: "loss" (mean of its last half), "s_per_iter".
  *   phase   a phase begins: "g", "momentum", "lr", "restore" (the snapshot was put back),
- *           "reason". */
+ *           "reason".
+ *   diverge a phase diverged: "g", "momentum", "lr", "loss" (the mean of its latest window),
+ *           "steps" (of its slowest group), "restore" (its starting model is put back and a
+ *           search follows), "lr_ref" (the next search's), "reason".
+ *   membership  the live trainers changed: "workers" (now), "from" (before), "g_max", "g" (in
+ *           effect after it), "discarded" (the probe in flight, run again; absent when none),
+ *           "reason".
+ *   resume  the state was taken up from a checkpoint: "state" (phase, search or cold), "g",
+ *           "momentum", "lr", "steps_left" (phase) or "lr_ref" (search), "reason". */
 #include "optimizer.h"
 
 #include <errno.h>
@@ -46,30 +55,38 @@ typedef struct {
 struct omv_optimizer {
     omv_optimizer_params_t p; /* validated; grids sorted ascending */
     bool tune_g, tune_m, tune_lr;
-    bool pow2_above_1; /* N has a power-of-two divisor > 1: there is a g to search */
 
     omv_opt_state_t state;
     uint32_t phase;
     uint64_t gen;
     uint32_t g; /* the configuration in effect (latest SET) */
     double momentum, lr;
+    uint32_t g_max; /* live trainers: no g above it */
+
+    /* The last phase that began: the search's choice (its g before any cap by membership). */
+    uint32_t phase_g;
+    double phase_m, phase_lr;
+    bool base_phase; /* the probe base holds the running phase's starting model */
+    bool watch;      /* the running phase is checked for divergence */
 
     /* The search. */
     stage_t stage;
-    bool snap;         /* a SNAPSHOT was issued in this search */
-    double lr_ref;     /* the grid probes lr_ref and lr_ref / 10 */
-    uint32_t g_he;     /* g for hardware efficiency; 0 until measured */
-    uint32_t g_search; /* g of the current grid */
-    uint32_t g_cur;    /* timing: largest g accepted so far */
-    double spi_cur;    /* its seconds per iteration */
-    run_t *runs;       /* [cap_runs] the search's configurations, in probe order */
+    bool first;         /* the first search (cold start, timing) */
+    bool snap;          /* the probe base is this search's (taken, or the rolled-back phase's) */
+    double lr_ref;      /* the grid probes lr_ref and lr_ref / 10 */
+    double next_lr_ref; /* lr_ref of the next search: the phase's lr, a tenth after divergence */
+    uint32_t g_he;      /* g for hardware efficiency; 0 until measured */
+    uint32_t g_search;  /* g of the current grid */
+    uint32_t g_cur;     /* timing: largest g accepted so far */
+    double spi_cur;     /* its seconds per iteration */
+    run_t *runs;        /* [cap_runs] the search's configurations, in probe order */
     size_t n_runs, cap_runs, stage_begin, cur;
     double *scratch; /* [cap_runs] */
 
     /* The current run (probe or phase). */
     uint32_t budget; /* steps of the slowest group */
     double run_start_s;
-    uint32_t *steps; /* [N] steps per group */
+    uint32_t *steps; /* [N] steps per group (g <= N always) */
     uint32_t n_reached, n_warm;
     double t0, t_last;
     uint64_t timed, timed_images;
@@ -77,6 +94,10 @@ struct omv_optimizer {
     size_t ring_cap;
     uint64_t n_obs;
     double first_loss;
+    double ref_sum; /* the first window's losses: the divergence reference */
+    uint32_t ref_n;
+
+    uint64_t probes_total, divergences_total;
 
     bool has_cmd;
     omv_opt_cmd_t cmd;
@@ -99,10 +120,13 @@ void omv_optimizer_params_init(omv_optimizer_params_t *params, uint32_t workers)
     params->cold_momentum = 0.9;
     params->phase_steps = 2000;
     params->probe_steps = 0;
+    params->later_probe_steps = 0;
+    params->first_grid_cold_lr = true;
     params->probe_max_s = 0.0;
     params->warmup_steps = 1;
     params->diverge_factor = 2.0;
     params->diverge_window = 3;
+    params->phase_diverge_window = 16;
     params->he_gain = 0.10;
     params->tie_rel = 0.01;
 }
@@ -144,7 +168,8 @@ static bool validate(omv_optimizer_params_t *p)
         return false;
     if (!(p->cold_momentum >= 0.0 && p->cold_momentum < 1.0))
         return false;
-    if (p->phase_steps == 0 || p->warmup_steps == 0 || p->diverge_window == 0)
+    if (p->phase_steps == 0 || p->warmup_steps == 0 || p->diverge_window == 0 ||
+        p->phase_diverge_window == 0)
         return false;
     if (p->probe_steps == 0) {
         p->probe_steps = p->phase_steps / 80;
@@ -153,6 +178,8 @@ static bool validate(omv_optimizer_params_t *p)
     }
     /* Timing needs at least one step after the warm-up. */
     if (p->probe_steps <= p->warmup_steps)
+        return false;
+    if (p->later_probe_steps != 0 && p->later_probe_steps <= p->warmup_steps)
         return false;
     if (!(p->probe_max_s >= 0.0 && isfinite(p->probe_max_s)))
         return false;
@@ -178,12 +205,13 @@ omv_optimizer_t *omv_optimizer_new(const omv_optimizer_params_t *params)
     self->tune_g = p->groups == OMV_OPT_TUNE;
     self->tune_m = p->momentum < 0.0;
     self->tune_lr = p->lr < 0.0;
+    self->g_max = p->workers;
     uint32_t n_pow = 0; /* powers of two dividing N, 1 included */
     for (uint64_t g = 1; g <= p->workers && p->workers % g == 0; g *= 2)
         n_pow++;
-    self->pow2_above_1 = n_pow > 1;
     /* Cold start, one timing run per power of two (plus one at g = 1), and a grid of at most
-     * 2 x |momentum grid| per g the halving visits. */
+     * 2 x |momentum grid| per g the halving visits; more only when membership changes restart
+     * parts of a search (the table then grows). */
     self->cap_runs = p->n_lr_grid + n_pow + 1 + (size_t)n_pow * 2 * p->n_momentum_grid;
     size_t ring = (size_t)p->probe_steps * p->workers * 4;
     if (ring > ((size_t)1 << 20))
@@ -192,6 +220,8 @@ omv_optimizer_t *omv_optimizer_new(const omv_optimizer_params_t *params)
         ring = 64;
     if (ring < p->diverge_window)
         ring = p->diverge_window;
+    if (ring < p->phase_diverge_window)
+        ring = p->phase_diverge_window;
     self->ring_cap = ring;
     self->runs = calloc(self->cap_runs, sizeof(*self->runs));
     self->scratch = calloc(self->cap_runs, sizeof(*self->scratch));
@@ -225,6 +255,19 @@ void omv_optimizer_destroy(omv_optimizer_t **self_p)
     *self_p = NULL;
 }
 
+/* The largest g allowed up to want: a tuned g is a power of two that divides N and is at most
+ * the live trainers; a fixed one is the job's, capped by the live trainers. */
+static uint32_t allowed_g(const omv_optimizer_t *self, uint32_t want)
+{
+    uint32_t most = want < self->g_max ? want : self->g_max;
+    if (!self->tune_g)
+        return (uint32_t)self->p.groups < self->g_max ? (uint32_t)self->p.groups : self->g_max;
+    uint32_t g = 1;
+    while ((uint64_t)g * 2 <= most && self->p.workers % (g * 2) == 0)
+        g *= 2;
+    return g;
+}
+
 /* ---- decision records ---- */
 
 static void json_num(omv_strbuf_t *sb, const char *key, double v)
@@ -244,7 +287,11 @@ static void json_str(omv_strbuf_t *sb, const char *key, const char *v)
 static void rec_begin(omv_optimizer_t *self, const char *event, double now_s)
 {
     omv_strbuf_printf(&self->log, "{\"event\":\"%s\"", event);
-    json_num(&self->log, "t_s", now_s);
+    /* Ten digits: monotonic seconds run to five before the point. */
+    if (isfinite(now_s))
+        omv_strbuf_printf(&self->log, ",\"t_s\":%.10g", now_s);
+    else
+        omv_strbuf_printf(&self->log, ",\"t_s\":null");
     omv_strbuf_printf(&self->log, ",\"phase\":%u", self->phase);
 }
 
@@ -291,6 +338,8 @@ static void reset_run(omv_optimizer_t *self, double now_s, uint32_t budget)
     self->timed = self->timed_images = 0;
     self->n_obs = 0;
     self->first_loss = NAN;
+    self->ref_sum = 0.0;
+    self->ref_n = 0;
 }
 
 /* Mean of the newest k losses. */
@@ -320,10 +369,55 @@ static double run_images_per_s(const omv_optimizer_t *self)
     return self->timed > 0 && dt > 0.0 ? (double)self->timed_images / dt : NAN;
 }
 
-/* Starts configuration generation gen + 1 with the given flags. */
+/* Steps of the run's slowest group. */
+static uint32_t run_slowest(const omv_optimizer_t *self)
+{
+    uint32_t slowest = UINT32_MAX;
+    for (uint32_t k = 0; k < self->g && k < self->p.workers; k++)
+        slowest = self->steps[k] < slowest ? self->steps[k] : slowest;
+    return slowest == UINT32_MAX ? 0 : slowest;
+}
+
+/* The divergence window of the current run. */
+static uint32_t run_window(const omv_optimizer_t *self)
+{
+    return self->state == OMV_OPT_STATE_RUNNING ? self->p.phase_diverge_window
+                                                : self->p.diverge_window;
+}
+
+/* Whether the run diverged with this newest loss (already in the ring): a loss that is not
+ * finite, or the mean of the latest window above diverge_factor x the mean of the first. */
+static bool run_diverged(const omv_optimizer_t *self, double loss, char *reason, size_t cap)
+{
+    uint32_t w = run_window(self);
+    if (!isfinite(loss)) {
+        snprintf(reason, cap, "loss %g is not finite", loss);
+        return true;
+    }
+    if (self->n_obs <= w || self->ref_n == 0)
+        return false;
+    double first = self->ref_sum / self->ref_n, recent = ring_mean(self, w);
+    if (recent <= self->p.diverge_factor * first)
+        return false;
+    snprintf(reason, cap, "mean of the last %u losses %.4g > %g x the first %u's %.4g", w, recent,
+             self->p.diverge_factor, w, first);
+    return true;
+}
+
+/* Starts configuration generation gen + 1 with the given flags (SET always among them). A
+ * command that was not polled yet is replaced, keeping what it asked of the probe base: a
+ * SNAPSHOT still to be taken makes a RESTORE needless (the base is the model as it is). */
 static void issue(omv_optimizer_t *self, unsigned flags, uint32_t g, double momentum, double lr,
                   double now_s, uint32_t budget)
 {
+    if (self->has_cmd) {
+        unsigned keep = OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_RESTORE;
+        if (!(flags & OMV_OPT_CMD_PROBE))
+            keep |= OMV_OPT_CMD_DONE_SEARCH;
+        flags |= self->cmd.flags & keep;
+        if (flags & OMV_OPT_CMD_SNAPSHOT)
+            flags &= ~(unsigned)OMV_OPT_CMD_RESTORE;
+    }
     self->gen++;
     self->cmd = (omv_opt_cmd_t){flags, self->gen, g, momentum, lr};
     self->has_cmd = true;
@@ -342,9 +436,19 @@ static void start_grid(omv_optimizer_t *self, double now_s);
 
 static run_t *add_run(omv_optimizer_t *self, stage_t stage, uint32_t g, double momentum, double lr)
 {
-    /* cap_runs bounds every search's configurations (see omv_optimizer_new). */
-    if (self->n_runs >= self->cap_runs)
-        abort();
+    if (self->n_runs == self->cap_runs) {
+        /* Only membership changes restart parts of a search and get here. */
+        size_t cap = self->cap_runs * 2;
+        run_t *runs = realloc(self->runs, cap * sizeof(*runs));
+        if (runs == NULL)
+            abort();
+        self->runs = runs;
+        double *scratch = realloc(self->scratch, cap * sizeof(*scratch));
+        if (scratch == NULL)
+            abort();
+        self->scratch = scratch;
+        self->cap_runs = cap;
+    }
     run_t *r = &self->runs[self->n_runs++];
     *r = (run_t){stage, g, momentum, lr, OUT_PENDING, false, NAN, NAN};
     return r;
@@ -356,15 +460,33 @@ static void start_stage(omv_optimizer_t *self, stage_t stage)
     self->stage_begin = self->n_runs;
 }
 
+/* Steps of the slowest group a probe at g runs for (see later_probe_steps). */
+static uint32_t probe_budget(const omv_optimizer_t *self, uint32_t g)
+{
+    const omv_optimizer_params_t *p = &self->p;
+    if (self->first)
+        return p->probe_steps;
+    if (p->later_probe_steps)
+        return p->later_probe_steps;
+    uint32_t s = p->probe_steps / 2, floor = (p->probe_steps + g - 1) / g;
+    if (s < floor)
+        s = floor;
+    if (s < p->warmup_steps + 3)
+        s = p->warmup_steps + 3;
+    return s < p->probe_steps ? s : p->probe_steps;
+}
+
 /* Issues the run for runs[i]: the first run of a search takes the snapshot, every later one
  * starts from it. */
 static void issue_run(omv_optimizer_t *self, size_t i, double now_s)
 {
     const run_t *r = &self->runs[i];
-    unsigned flags = OMV_OPT_CMD_SET | (self->snap ? OMV_OPT_CMD_RESTORE : OMV_OPT_CMD_SNAPSHOT);
+    unsigned flags = OMV_OPT_CMD_SET | OMV_OPT_CMD_PROBE |
+                     (self->snap ? OMV_OPT_CMD_RESTORE : OMV_OPT_CMD_SNAPSHOT);
     self->snap = true;
     self->cur = i;
-    issue(self, flags, r->g, r->momentum, r->lr, now_s, self->p.probe_steps);
+    self->probes_total++;
+    issue(self, flags, r->g, r->momentum, r->lr, now_s, probe_budget(self, r->g));
 }
 
 static void rec_probe(omv_optimizer_t *self, const run_t *r, double now_s, bool reused,
@@ -377,11 +499,8 @@ static void rec_probe(omv_optimizer_t *self, const run_t *r, double now_s, bool 
     omv_strbuf_printf(&self->log, ",\"reused\":%s", reused ? "true" : "false");
     json_num(&self->log, "score", r->score);
     if (!reused) {
-        uint32_t slowest = UINT32_MAX;
-        for (uint32_t k = 0; k < r->g; k++)
-            slowest = self->steps[k] < slowest ? self->steps[k] : slowest;
         json_num(&self->log, "first_loss", self->first_loss);
-        omv_strbuf_printf(&self->log, ",\"steps\":%u,\"observations\":%llu", slowest,
+        omv_strbuf_printf(&self->log, ",\"steps\":%u,\"observations\":%llu", run_slowest(self),
                           (unsigned long long)self->n_obs);
         json_num(&self->log, "seconds", now_s - self->run_start_s);
         json_num(&self->log, "images_per_s", run_images_per_s(self));
@@ -453,6 +572,12 @@ static void start_phase(omv_optimizer_t *self, uint32_t g, double momentum, doub
     json_str(&self->log, "reason", reason);
     rec_end(self);
     self->state = OMV_OPT_STATE_RUNNING;
+    self->phase_g = g;
+    self->phase_m = momentum;
+    self->phase_lr = lr;
+    /* The base the search restored is where this phase starts: its rollback point. */
+    self->base_phase = restore;
+    self->watch = true;
     if (flags)
         issue(self, flags, g, momentum, lr, now_s, self->p.phase_steps);
     else
@@ -478,7 +603,7 @@ static void cold_done(omv_optimizer_t *self, double now_s)
     json_str(&self->log, "reason", reason);
     rec_candidates(self);
     rec_end(self);
-    if (self->tune_g && self->pow2_above_1) {
+    if (self->tune_g && allowed_g(self, UINT32_MAX) > 1) {
         /* The timing stage. */
         start_stage(self, STAGE_TIMING);
         self->g_cur = 1;
@@ -491,7 +616,7 @@ static void cold_done(omv_optimizer_t *self, double now_s)
         next_probe(self, now_s);
         return;
     }
-    self->g_he = self->g_search = self->tune_g ? 1 : (uint32_t)self->p.groups;
+    self->g_he = self->g_search = allowed_g(self, 1);
     start_grid(self, now_s);
 }
 
@@ -515,8 +640,12 @@ static void timing_next(omv_optimizer_t *self, double now_s)
 {
     double m = self->tune_m ? 0.0 : self->p.momentum;
     uint32_t g = isfinite(self->spi_cur) ? self->g_cur * 2 : 1;
-    if (g > self->p.workers || self->p.workers % g != 0) {
-        timing_choose(self, "no larger g divides the workers", now_s);
+    if (g > self->g_max || self->p.workers % g != 0) {
+        timing_choose(self,
+                      g > self->g_max && self->p.workers % g == 0
+                          ? "no larger g: the live workers are fewer"
+                          : "no larger g divides the workers",
+                      now_s);
         return;
     }
     add_run(self, STAGE_TIMING, g, m, self->lr_ref);
@@ -594,16 +723,18 @@ static void grid_done(omv_optimizer_t *self, double now_s)
                 now_s);
 }
 
-/* The grid for g_search: learning rates {lr_ref / 10, lr_ref} (or the fixed one) x the
- * momentum grid (or the fixed one), in order of rising learning rate, then momentum, so that a
- * configuration is probed after every one less aggressive than it. */
+/* The grid for g_search: learning rates {lr_ref / 10, lr_ref} (or the fixed one; in the first
+ * search with first_grid_cold_lr only lr_ref) x the momentum grid (or the fixed one), in order
+ * of rising learning rate, then momentum, so that a configuration is probed after every one
+ * less aggressive than it. */
 static void start_grid(omv_optimizer_t *self, double now_s)
 {
     start_stage(self, STAGE_GRID);
     double lrs[2];
     uint32_t n_lr = 0;
     if (self->tune_lr) {
-        lrs[n_lr++] = self->lr_ref / 10.0;
+        if (!(self->first && self->p.first_grid_cold_lr))
+            lrs[n_lr++] = self->lr_ref / 10.0;
         lrs[n_lr++] = self->lr_ref;
     } else {
         lrs[n_lr++] = self->p.lr;
@@ -626,7 +757,7 @@ static void start_grid(omv_optimizer_t *self, double now_s)
 static void start_cold(omv_optimizer_t *self, double now_s)
 {
     start_stage(self, STAGE_COLD);
-    uint32_t g = self->tune_g ? 1 : (uint32_t)self->p.groups;
+    uint32_t g = allowed_g(self, 1);
     double m = self->tune_m ? self->p.cold_momentum : self->p.momentum;
     for (uint32_t i = 0; i < self->p.n_lr_grid; i++)
         add_run(self, STAGE_COLD, g, m, self->p.lr_grid[i]);
@@ -698,11 +829,14 @@ static void end_run(omv_optimizer_t *self, outcome_t out, const char *reason, do
     next_probe(self, now_s);
 }
 
-static void begin_search(omv_optimizer_t *self, double now_s)
+/* Begins the search for the next phase. base: the probe base already holds the model the
+ * search is to start from (a diverged phase's start), so its first probe restores it. */
+static void begin_search(omv_optimizer_t *self, bool base, double now_s)
 {
     bool first = self->phase == 0;
     self->state = OMV_OPT_STATE_PROBING;
-    self->snap = false;
+    self->first = first;
+    self->snap = base;
     self->n_runs = self->stage_begin = 0;
     self->phase++;
     if (first) {
@@ -727,8 +861,8 @@ static void begin_search(omv_optimizer_t *self, double now_s)
     }
     if (!first) {
         /* The schedule: the learning rate stays or drops tenfold. */
-        self->lr_ref = self->tune_lr ? self->lr : self->p.lr;
-        self->g_search = self->g_he;
+        self->lr_ref = self->tune_lr ? self->next_lr_ref : self->p.lr;
+        self->g_search = allowed_g(self, self->g_he ? self->g_he : 1);
         start_grid(self, now_s);
         return;
     }
@@ -737,15 +871,48 @@ static void begin_search(omv_optimizer_t *self, double now_s)
         return;
     }
     self->lr_ref = self->p.lr;
-    if (self->tune_g && self->pow2_above_1) {
+    if (self->tune_g && allowed_g(self, UINT32_MAX) > 1) {
         start_stage(self, STAGE_TIMING);
         self->g_cur = 1;
         self->spi_cur = NAN;
         timing_next(self, now_s);
         return;
     }
-    self->g_he = self->g_search = self->tune_g ? 1 : (uint32_t)self->p.groups;
+    self->g_he = self->g_search = allowed_g(self, 1);
     start_grid(self, now_s);
+}
+
+/* The running phase diverged: put its starting model back and search again with a tenth of its
+ * learning rate, or, when there is no starting model to go back to or nothing the optimizer may
+ * change, say so and go on. */
+static void phase_diverged(omv_optimizer_t *self, const char *why, double now_s)
+{
+    bool can = self->base_phase && (self->tune_lr || self->tune_m);
+    double next = self->tune_lr ? self->phase_lr / 10.0 : self->p.lr;
+    char reason[320];
+    if (can)
+        snprintf(reason, sizeof(reason),
+                 "%s: back to the phase's starting model, and a search from it with lr_ref %g", why,
+                 next);
+    else
+        snprintf(reason, sizeof(reason), "%s; the phase goes on: %s", why,
+                 !self->base_phase ? "no starting model to go back to (nothing was probed)"
+                                   : "the job fixes momentum and learning rate");
+    rec_begin(self, "diverge", now_s);
+    rec_config(self, self->g, self->momentum, self->lr);
+    json_num(&self->log, "loss", ring_mean(self, run_window(self)));
+    omv_strbuf_printf(&self->log, ",\"steps\":%u,\"restore\":%s", run_slowest(self),
+                      can ? "true" : "false");
+    json_num(&self->log, "lr_ref", can ? next : NAN);
+    json_str(&self->log, "reason", reason);
+    rec_end(self);
+    if (!can) {
+        self->watch = false;
+        return;
+    }
+    self->divergences_total++;
+    self->next_lr_ref = next;
+    begin_search(self, true, now_s);
 }
 
 static void check_time_cap(omv_optimizer_t *self, double now_s)
@@ -778,30 +945,30 @@ int omv_optimizer_observe(omv_optimizer_t *self, const omv_opt_obs_t *obs)
     self->ring[self->n_obs % self->ring_cap] = obs->loss;
     if (self->n_obs++ == 0)
         self->first_loss = obs->loss;
+    if (self->ref_n < run_window(self)) {
+        self->ref_sum += obs->loss;
+        self->ref_n++;
+    }
 
+    char reason[200] = "";
     if (self->state == OMV_OPT_STATE_RUNNING) {
+        if (self->watch && run_diverged(self, obs->loss, reason, sizeof(reason))) {
+            phase_diverged(self, reason, obs->now_s);
+            return 0;
+        }
         if (self->n_reached == self->g) {
             rec_begin(self, "phase_end", obs->now_s);
             json_num(&self->log, "loss", ring_mean(self, (self->n_obs + 1) / 2));
             json_num(&self->log, "s_per_iter", run_spi(self));
             rec_end(self);
-            begin_search(self, obs->now_s);
+            self->next_lr_ref = self->phase_lr;
+            begin_search(self, false, obs->now_s);
         }
         return 0;
     }
-    if (self->stage != STAGE_TIMING) {
-        char reason[160] = "";
-        uint32_t w = self->p.diverge_window;
-        double recent = ring_mean(self, w);
-        if (!isfinite(obs->loss))
-            snprintf(reason, sizeof(reason), "loss %g is not finite", obs->loss);
-        else if (self->n_obs >= w && !(recent <= self->p.diverge_factor * self->first_loss))
-            snprintf(reason, sizeof(reason), "mean of the last %u losses %.4g > %g x first %.4g", w,
-                     recent, self->p.diverge_factor, self->first_loss);
-        if (reason[0]) {
-            end_run(self, OUT_DIVERGED, reason, obs->now_s);
-            return 0;
-        }
+    if (self->stage != STAGE_TIMING && run_diverged(self, obs->loss, reason, sizeof(reason))) {
+        end_run(self, OUT_DIVERGED, reason, obs->now_s);
+        return 0;
     }
     if (self->n_reached == self->g)
         end_run(self, OUT_OK, NULL, obs->now_s);
@@ -813,7 +980,7 @@ int omv_optimizer_observe(omv_optimizer_t *self, const omv_opt_obs_t *obs)
 int omv_optimizer_poll(omv_optimizer_t *self, double now_s, omv_opt_cmd_t *ret_cmd)
 {
     if (self->state == OMV_OPT_STATE_IDLE)
-        begin_search(self, now_s);
+        begin_search(self, false, now_s);
     check_time_cap(self, now_s);
     if (!self->has_cmd) {
         memset(ret_cmd, 0, sizeof(*ret_cmd));
@@ -826,9 +993,198 @@ int omv_optimizer_poll(omv_optimizer_t *self, double now_s, omv_opt_cmd_t *ret_c
 
 void omv_optimizer_status(const omv_optimizer_t *self, omv_opt_status_t *ret_status)
 {
-    *ret_status = (omv_opt_status_t){self->state,    self->phase, self->gen, self->g,
-                                     self->momentum, self->lr,    self->g_he};
+    *ret_status = (omv_opt_status_t){self->state,        self->phase,
+                                     self->gen,          self->g,
+                                     self->momentum,     self->lr,
+                                     self->g_he,         self->g_max,
+                                     self->probes_total, self->divergences_total};
 }
+
+/* ---- membership ---- */
+
+int omv_optimizer_set_workers(omv_optimizer_t *self, uint32_t live, double now_s)
+{
+    if (live == 0)
+        return -EINVAL;
+    if (live == self->g_max)
+        return 0;
+    uint32_t before = self->g_max;
+    self->g_max = live;
+    if (self->state == OMV_OPT_STATE_FIXED || self->state == OMV_OPT_STATE_IDLE)
+        return 0;
+    char reason[240];
+    rec_begin(self, "membership", now_s);
+    omv_strbuf_printf(&self->log, ",\"workers\":%u,\"from\":%u,\"g_max\":%u", live, before,
+                      allowed_g(self, UINT32_MAX));
+    if (self->state == OMV_OPT_STATE_RUNNING) {
+        /* The phase goes on with the steps it has left, regrouped (which also rebalances the
+         * groups: one may have lost its last member), its g capped by the live workers. */
+        uint32_t g = allowed_g(self, self->phase_g), done = run_slowest(self);
+        uint32_t left = self->budget > done ? self->budget - done : 1;
+        snprintf(reason, sizeof(reason),
+                 "%u live workers (were %u): phase %u goes on at g=%u for its %u steps left", live,
+                 before, self->phase, g, left);
+        omv_strbuf_printf(&self->log, ",\"g\":%u", g);
+        json_str(&self->log, "reason", reason);
+        rec_end(self);
+        bool watch = self->watch;
+        issue(self, OMV_OPT_CMD_SET, g, self->phase_m, self->phase_lr, now_s, left);
+        self->watch = watch;
+        return 1;
+    }
+    /* A search: the probe in flight is discarded (its steps ran on other hardware) and run
+     * again from the snapshot, unless its g is no longer allowed. */
+    run_t *r = &self->runs[self->cur];
+    omv_strbuf_t *sb = &self->log;
+    uint32_t g_next = self->stage == STAGE_TIMING
+                          ? 1
+                          : allowed_g(self, self->stage == STAGE_GRID ? self->g_search : r->g);
+    omv_strbuf_printf(sb, ",\"g\":%u,\"discarded\":{\"stage\":\"%s\",\"g\":%u", g_next,
+                      stage_names[r->stage], r->g);
+    json_num(sb, "momentum", r->momentum);
+    json_num(sb, "lr", r->lr);
+    omv_strbuf_printf(sb, ",\"steps\":%u,\"observations\":%llu}", run_slowest(self),
+                      (unsigned long long)self->n_obs);
+    if (self->stage == STAGE_TIMING) {
+        /* Every timing so far was of the old hardware: time again from g = 1. */
+        snprintf(reason, sizeof(reason),
+                 "%u live workers (were %u): the probe in flight is discarded and the timing "
+                 "starts again at g=1",
+                 live, before);
+        json_str(sb, "reason", reason);
+        rec_end(self);
+        r->out = OUT_SKIPPED;
+        self->g_cur = 1;
+        self->spi_cur = NAN;
+        timing_next(self, now_s);
+        return 1;
+    }
+    if (self->stage == STAGE_GRID && self->g_search > allowed_g(self, self->g_search)) {
+        uint32_t g = allowed_g(self, self->g_search);
+        snprintf(reason, sizeof(reason),
+                 "%u live workers (were %u): the probe in flight is discarded and the grid "
+                 "starts again at g=%u",
+                 live, before, g);
+        json_str(sb, "reason", reason);
+        rec_end(self);
+        r->out = OUT_SKIPPED;
+        self->g_search = g;
+        start_grid(self, now_s);
+        return 1;
+    }
+    snprintf(reason, sizeof(reason),
+             "%u live workers (were %u): the probe in flight is discarded and runs again", live,
+             before);
+    json_str(sb, "reason", reason);
+    rec_end(self);
+    /* A cold start's g (1, or the job's) may be capped now. */
+    for (size_t i = self->stage_begin; i < self->n_runs; i++)
+        self->runs[i].g = allowed_g(self, self->runs[i].g);
+    issue_run(self, self->cur, now_s);
+    return 1;
+}
+
+/* ---- durable state ---- */
+
+void omv_optimizer_save(const omv_optimizer_t *self, omv_opt_saved_t *ret)
+{
+    memset(ret, 0, sizeof(*ret));
+    ret->groups_he = self->g_he;
+    ret->probes_total = self->probes_total;
+    ret->divergences_total = self->divergences_total;
+    if (self->state == OMV_OPT_STATE_RUNNING) {
+        ret->phase = self->phase;
+        ret->running = 1;
+        ret->phase_steps_done = self->p.phase_steps - self->budget + run_slowest(self);
+        ret->lr_ref = self->phase_lr;
+    } else if (self->state == OMV_OPT_STATE_PROBING && self->phase > 1) {
+        /* The search restarts: what matters is the phase before it and the search's lr_ref. */
+        ret->phase = self->phase - 1;
+        ret->lr_ref = self->lr_ref;
+    } else {
+        return; /* nothing decided yet: a cold start */
+    }
+    ret->groups = self->phase_g;
+    ret->momentum = self->phase_m;
+    ret->lr = self->phase_lr;
+}
+
+static bool pow2_divisor(uint32_t g, uint32_t n)
+{
+    return g >= 1 && (g & (g - 1)) == 0 && n % g == 0;
+}
+
+int omv_optimizer_restore(omv_optimizer_t *self, const omv_opt_saved_t *saved, double now_s)
+{
+    if (self->state == OMV_OPT_STATE_FIXED)
+        return 0;
+    if (self->state != OMV_OPT_STATE_IDLE || self->gen != 0)
+        return -EINVAL;
+    const omv_optimizer_params_t *p = &self->p;
+    uint32_t g = self->tune_g ? saved->groups : (uint32_t)p->groups;
+    double m = self->tune_m ? saved->momentum : p->momentum;
+    double lr = self->tune_lr ? saved->lr : p->lr;
+    double lr_ref = self->tune_lr ? saved->lr_ref : p->lr;
+    uint32_t g_he = self->tune_g ? saved->groups_he : (uint32_t)p->groups;
+    if (saved->phase > 0 &&
+        ((self->tune_g && !pow2_divisor(g, p->workers)) ||
+         (self->tune_g && g_he != 0 && !pow2_divisor(g_he, p->workers)) || !(m >= 0.0 && m < 1.0) ||
+         !(lr > 0.0 && isfinite(lr)) || !(lr_ref > 0.0 && isfinite(lr_ref))))
+        return -EINVAL;
+    self->probes_total = saved->probes_total;
+    self->divergences_total = saved->divergences_total;
+    char reason[240];
+    if (saved->phase == 0) {
+        rec_begin(self, "resume", now_s);
+        json_str(&self->log, "state", "cold");
+        json_str(&self->log, "reason", "no phase had begun: a cold start");
+        rec_end(self);
+        return 0; /* the first poll starts cold */
+    }
+    self->phase = saved->phase;
+    self->phase_g = g;
+    self->phase_m = m;
+    self->phase_lr = lr;
+    self->g_he = g_he ? g_he : allowed_g(self, 1);
+    if (!saved->running) {
+        self->next_lr_ref = lr_ref;
+        rec_begin(self, "resume", now_s);
+        json_str(&self->log, "state", "search");
+        rec_config(self, g, m, lr);
+        json_num(&self->log, "lr_ref", lr_ref);
+        snprintf(reason, sizeof(reason),
+                 "checkpoint written during the search after phase %u: it runs again from the "
+                 "checkpoint's model (probes are not kept)",
+                 saved->phase);
+        json_str(&self->log, "reason", reason);
+        rec_end(self);
+        begin_search(self, false, now_s);
+        return 0;
+    }
+    uint32_t done =
+        saved->phase_steps_done < p->phase_steps ? saved->phase_steps_done : p->phase_steps - 1;
+    uint32_t left = p->phase_steps - done;
+    g = allowed_g(self, g);
+    rec_begin(self, "resume", now_s);
+    json_str(&self->log, "state", "phase");
+    rec_config(self, g, m, lr);
+    omv_strbuf_printf(&self->log, ",\"steps_left\":%u", left);
+    snprintf(reason, sizeof(reason),
+             "checkpoint written during phase %u: it goes on for its %u steps left, from the "
+             "checkpoint's model",
+             saved->phase, left);
+    json_str(&self->log, "reason", reason);
+    rec_end(self);
+    self->state = OMV_OPT_STATE_RUNNING;
+    /* The model resumed from is the phase's rollback point. */
+    self->base_phase = true;
+    self->watch = true;
+    issue(self, OMV_OPT_CMD_SNAPSHOT | OMV_OPT_CMD_SET | OMV_OPT_CMD_DONE_SEARCH, g, m, lr, now_s,
+          left);
+    return 0;
+}
+
+/* ---- reports ---- */
 
 void omv_optimizer_describe(const omv_optimizer_t *self, omv_strbuf_t *out)
 {

@@ -26,7 +26,19 @@
 #define SECTION_BYTES 16
 #define TRAILER_BYTES 16
 #define META_BYTES 140
-enum { TAG_META = 1, TAG_CLOCKS, TAG_PARAMS, TAG_VELOCITY, TAG_HISTORY, TAG_JOB, TAG_MEMBERS };
+enum {
+    TAG_META = 1,
+    TAG_CLOCKS,
+    TAG_PARAMS,
+    TAG_VELOCITY,
+    TAG_HISTORY,
+    TAG_JOB,
+    TAG_MEMBERS,
+    TAG_OPTIMIZER
+};
+/* The optimizer section's fixed part, before its phases (32 bytes each). */
+#define OPT_FIXED_BYTES 84
+#define OPT_PHASE_BYTES 32
 
 static char dir[4096];
 
@@ -341,6 +353,27 @@ static void make(omv_checkpoint_t *c, uint64_t seq, uint64_t param_count, uint32
     }
     c->job_text = dup_or_die("# a job\n[model]\nlayers = 784 100 10\n\n[train]\nepochs = 3\n");
     c->members = dup_or_die("1 host-a 1234 0\n2 h\xc3\xb6st-b 99 1\n");
+    /* The optimizer in phase 3, with the phases before it. */
+    omv_checkpoint_opt_t *o = &c->opt;
+    o->present = 1;
+    o->state = (omv_opt_saved_t){.phase = 3,
+                                 .running = (uint32_t)(seed & 1),
+                                 .groups = 4,
+                                 .momentum = 0.3,
+                                 .lr = 0.1 / 3.0,
+                                 .phase_steps_done = 4000000000u,
+                                 .lr_ref = 1e-300,
+                                 .groups_he = 8,
+                                 .probes_total = (UINT64_C(1) << 35) + seed,
+                                 .divergences_total = (UINT64_C(1) << 34) + 1};
+    o->probe_images_total = (UINT64_C(1) << 41) + 9;
+    o->probe_seconds_total = 1234.5678 + (double)seed;
+    o->n_phases = 3;
+    o->phases = calloc(3, sizeof(*o->phases));
+    ck_assert_ptr_nonnull(o->phases);
+    for (uint32_t i = 0; i < 3; i++)
+        o->phases[i] = (omv_checkpoint_phase_t){i + 1, 1u << i, 0.3 * i, 0.1 / (i + 1),
+                                                omv_rng_uniform(&rng) * 10.0};
 }
 
 static const char *text_or_empty(const char *s)
@@ -374,6 +407,31 @@ static void assert_same(const omv_checkpoint_t *got, const omv_checkpoint_t *wan
     /* A missing text is written as empty; either reading of it is the same to the daemon. */
     ck_assert_str_eq(text_or_empty(got->job_text), text_or_empty(want->job_text));
     ck_assert_str_eq(text_or_empty(got->members), text_or_empty(want->members));
+    ck_assert_uint_eq(got->opt.present, want->opt.present);
+    if (!want->opt.present)
+        return;
+    const omv_opt_saved_t *a = &got->opt.state, *b = &want->opt.state;
+    ck_assert_uint_eq(a->phase, b->phase);
+    ck_assert_uint_eq(a->running, b->running);
+    ck_assert_uint_eq(a->groups, b->groups);
+    ck_assert_mem_eq(&a->momentum, &b->momentum, sizeof(double));
+    ck_assert_mem_eq(&a->lr, &b->lr, sizeof(double));
+    ck_assert_uint_eq(a->phase_steps_done, b->phase_steps_done);
+    ck_assert_mem_eq(&a->lr_ref, &b->lr_ref, sizeof(double));
+    ck_assert_uint_eq(a->groups_he, b->groups_he);
+    ck_assert_uint_eq(a->probes_total, b->probes_total);
+    ck_assert_uint_eq(a->divergences_total, b->divergences_total);
+    ck_assert_uint_eq(got->opt.probe_images_total, want->opt.probe_images_total);
+    ck_assert_mem_eq(&got->opt.probe_seconds_total, &want->opt.probe_seconds_total, sizeof(double));
+    ck_assert_uint_eq(got->opt.n_phases, want->opt.n_phases);
+    for (uint32_t i = 0; i < want->opt.n_phases; i++) {
+        const omv_checkpoint_phase_t *x = &got->opt.phases[i], *y = &want->opt.phases[i];
+        ck_assert_uint_eq(x->phase, y->phase);
+        ck_assert_uint_eq(x->groups, y->groups);
+        ck_assert_mem_eq(&x->momentum, &y->momentum, sizeof(double));
+        ck_assert_mem_eq(&x->learning_rate, &y->learning_rate, sizeof(double));
+        ck_assert_mem_eq(&x->epoch, &y->epoch, sizeof(double));
+    }
 }
 
 static void write_ok(const omv_checkpoint_t *c, const char *folder)
@@ -452,12 +510,14 @@ END_TEST
 
 START_TEST(test_roundtrip_without_optional_parts)
 {
-    /* No job text, no members, no evaluations yet; ret_path may be left out. */
+    /* No job text, no members, no evaluations yet, no optimizer; ret_path may be left out. */
     omv_checkpoint_t want, got;
     make(&want, 1, 5, 1, 0, 2);
     free(want.job_text);
     free(want.members);
     want.job_text = want.members = NULL;
+    free(want.opt.phases);
+    memset(&want.opt, 0, sizeof(want.opt));
     ck_assert_ptr_null(want.history);
     char err[OMV_CHECKPOINT_ERR_MAX] = "";
     ck_assert_int_eq(omv_checkpoint_write(&want, dir, NULL, 0, err), 0);
@@ -794,8 +854,8 @@ START_TEST(test_repeated_sections_do_not_leak)
     size_t len;
     unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
     bytes_t b = body_of(ckpt_path(dir, 1));
-    const uint32_t tags[] = {TAG_CLOCKS,  TAG_PARAMS, TAG_VELOCITY,
-                             TAG_HISTORY, TAG_JOB,    TAG_MEMBERS};
+    const uint32_t tags[] = {TAG_CLOCKS, TAG_PARAMS,  TAG_VELOCITY, TAG_HISTORY,
+                             TAG_JOB,    TAG_MEMBERS, TAG_OPTIMIZER};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(tags); i++) {
         size_t at = section_at(buf, len, tags[i]);
         uint64_t slen;
@@ -808,6 +868,158 @@ START_TEST(test_repeated_sections_do_not_leak)
     char err[OMV_CHECKPOINT_ERR_MAX] = "";
     if (omv_checkpoint_read(&c, ckpt_path(dir, 1), err) == 0)
         omv_checkpoint_fini(&c);
+}
+END_TEST
+
+/* ---- the optimizer's section ---- */
+
+START_TEST(test_optimizer_section_is_optional)
+{
+    /* Written without it (a job without the optimizer), and crafted as writers before it made
+     * them: both read, with present = 0. */
+    omv_checkpoint_t want, got;
+    make(&want, 1, 4, 2, 0, 3);
+    free(want.opt.phases);
+    memset(&want.opt, 0, sizeof(want.opt));
+    write_ok(&want, dir);
+    size_t len;
+    unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
+    uint32_t sections;
+    memcpy(&sections, buf + 12, 4);
+    ck_assert_uint_eq(sections, 7);
+    free(buf);
+    char err[OMV_CHECKPOINT_ERR_MAX] = "";
+    ck_assert_int_eq(omv_checkpoint_read(&got, ckpt_path(dir, 1), err), 0);
+    ck_assert_uint_eq(got.opt.present, 0);
+    ck_assert_ptr_null(got.opt.phases);
+    omv_checkpoint_fini(&got);
+    omv_checkpoint_fini(&want);
+
+    uint64_t clocks[2] = {5, 6};
+    float params[4] = {1, 2, 3, 4};
+    bytes_t b = {0};
+    b_header(&b, OMV_CHECKPOINT_FORMAT, 7);
+    b_meta(&b, 2, 2, 4, 0);
+    b_section(&b, TAG_CLOCKS, clocks, sizeof(clocks));
+    b_section(&b, TAG_PARAMS, params, sizeof(params));
+    b_section(&b, TAG_VELOCITY, params, sizeof(params));
+    b_section(&b, TAG_HISTORY, NULL, 0);
+    b_section(&b, TAG_JOB, "[job]\n", 6);
+    b_section(&b, TAG_MEMBERS, NULL, 0);
+    b_seal_to(&b, ckpt_path(dir, 2));
+    ck_assert_int_eq(omv_checkpoint_read(&got, ckpt_path(dir, 2), err), 0);
+    ck_assert_uint_eq(got.opt.present, 0);
+    ck_assert_uint_eq(got.clocks[1], 6);
+    omv_checkpoint_fini(&got);
+}
+END_TEST
+
+/* A file whose optimizer section is body[len] (the rest as make() writes it). */
+static void write_with_optimizer_section(const char *path, const void *body, size_t len)
+{
+    omv_checkpoint_t c;
+    make(&c, 1, 4, 2, 0, 3);
+    free(c.opt.phases);
+    memset(&c.opt, 0, sizeof(c.opt));
+    write_ok(&c, dir);
+    omv_checkpoint_fini(&c);
+    bytes_t b = body_of(path);
+    b_section(&b, TAG_OPTIMIZER, body, len);
+    b_seal_to(&b, path);
+}
+
+/* The fixed part of an optimizer section as layout 1 writes it, for n phases. */
+static void b_opt_fixed(bytes_t *b, uint32_t layout, uint32_t running, uint32_t n)
+{
+    b_u32(b, layout);
+    b_u32(b, 2);       /* phase */
+    b_u32(b, running); /* running */
+    b_u32(b, 4);       /* groups */
+    b_u32(b, 17);      /* steps done */
+    b_u32(b, 4);       /* g for speed */
+    b_f64(b, 0.6);
+    b_f64(b, 0.01);
+    b_f64(b, 0.01);
+    b_u64(b, 12);
+    b_u64(b, 0);
+    b_u64(b, 4096);
+    b_f64(b, 1.5);
+    b_u32(b, n);
+}
+
+START_TEST(test_optimizer_section_later_layout)
+{
+    /* A later layout appends fields after the phases: this reader takes what it knows. */
+    bytes_t o = {0};
+    b_opt_fixed(&o, 2, 1, 1);
+    ck_assert_uint_eq(o.len, OPT_FIXED_BYTES);
+    b_u32(&o, 1);
+    b_u32(&o, 4);
+    b_f64(&o, 0.6);
+    b_f64(&o, 0.01);
+    b_f64(&o, 0.25);
+    ck_assert_uint_eq(o.len, OPT_FIXED_BYTES + OPT_PHASE_BYTES);
+    b_put(&o, "a later field", 13);
+    write_with_optimizer_section(ckpt_path(dir, 1), o.data, o.len);
+    free(o.data);
+    omv_checkpoint_t got;
+    char err[OMV_CHECKPOINT_ERR_MAX] = "";
+    int r = omv_checkpoint_read(&got, ckpt_path(dir, 1), err);
+    ck_assert_msg(r == 0, "read: %d %s", r, err);
+    ck_assert_uint_eq(got.opt.present, 1);
+    ck_assert_uint_eq(got.opt.state.phase, 2);
+    ck_assert_uint_eq(got.opt.state.running, 1);
+    ck_assert_uint_eq(got.opt.state.phase_steps_done, 17);
+    ck_assert(got.opt.state.momentum == 0.6);
+    ck_assert_uint_eq(got.opt.probe_images_total, 4096);
+    ck_assert(got.opt.probe_seconds_total == 1.5);
+    ck_assert_uint_eq(got.opt.n_phases, 1);
+    ck_assert(got.opt.phases[0].epoch == 0.25);
+    omv_checkpoint_fini(&got);
+}
+END_TEST
+
+START_TEST(test_optimizer_section_malformed)
+{
+    /* Shorter than its fixed part. */
+    bytes_t o = {0};
+    b_opt_fixed(&o, 1, 0, 0);
+    write_with_optimizer_section(ckpt_path(dir, 1), o.data, o.len - 1);
+    assert_read_fails(ckpt_path(dir, 1), -EINVAL, "optimizer section");
+    /* More phases than it holds. */
+    free(o.data);
+    memset(&o, 0, sizeof(o));
+    b_opt_fixed(&o, 1, 0, 2);
+    b_put(&o, "\0\0\0\0\0\0\0\0", 8);
+    write_with_optimizer_section(ckpt_path(dir, 1), o.data, o.len);
+    assert_read_fails(ckpt_path(dir, 1), -EINVAL, "optimizer section");
+    /* A phase count past any job's, and a state that is neither running nor searching. */
+    free(o.data);
+    memset(&o, 0, sizeof(o));
+    b_opt_fixed(&o, 1, 0, OMV_CHECKPOINT_MAX_PHASES + 1);
+    write_with_optimizer_section(ckpt_path(dir, 1), o.data, o.len);
+    assert_read_fails(ckpt_path(dir, 1), -EINVAL, "optimizer section");
+    free(o.data);
+    memset(&o, 0, sizeof(o));
+    b_opt_fixed(&o, 1, 2, 0);
+    write_with_optimizer_section(ckpt_path(dir, 1), o.data, o.len);
+    assert_read_fails(ckpt_path(dir, 1), -EINVAL, "optimizer section");
+    free(o.data);
+    /* Twice. */
+    omv_checkpoint_t c;
+    make(&c, 1, 4, 2, 0, 3);
+    write_ok(&c, dir);
+    omv_checkpoint_fini(&c);
+    size_t len;
+    unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
+    size_t at = section_at(buf, len, TAG_OPTIMIZER);
+    uint64_t slen;
+    memcpy(&slen, buf + at + 8, 8);
+    bytes_t b = body_of(ckpt_path(dir, 1));
+    b_put(&b, buf + at, 16 + (size_t)slen);
+    free(buf);
+    b_seal_to(&b, ckpt_path(dir, 1));
+    assert_read_fails(ckpt_path(dir, 1), -EINVAL, "twice");
 }
 END_TEST
 
@@ -1136,6 +1348,8 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_write_replaces_and_clears_tmp);
     tcase_add_test(tc, test_unknown_section_is_skipped);
     tcase_add_test(tc, test_failed_write_keeps_previous);
+    tcase_add_test(tc, test_optimizer_section_is_optional);
+    tcase_add_test(tc, test_optimizer_section_later_layout);
     suite_add_tcase(s, tc);
     tc = tcase_create("damage");
     tcase_add_checked_fixture(tc, setup, teardown);
@@ -1147,6 +1361,7 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_param_count_overflow);
     tcase_add_test(tc, test_second_meta_section);
     tcase_add_test(tc, test_repeated_sections_do_not_leak);
+    tcase_add_test(tc, test_optimizer_section_malformed);
     suite_add_tcase(s, tc);
     tc = tcase_create("folder");
     tcase_add_checked_fixture(tc, setup, teardown);
