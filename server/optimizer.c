@@ -6,7 +6,8 @@
  *   probe   a run from the snapshot: "stage" (cold, timing, grid), "g", "momentum", "lr",
  *           "outcome" (ok, diverged, timeout), "reused" (its result came from an identical run
  *           earlier in the same search), "score" (mean loss of the last half of its steps, null
- *           when diverged), "first_loss", "steps" (of its slowest group), "observations",
+ *           when diverged), "score_se" (its standard error), "first_loss", "steps" (of its
+ *           slowest group), "observations",
  *           "seconds", "s_per_iter", "images_per_s", "reason" (why it diverged or stopped).
  *   skip    a configuration not probed because one no more aggressive diverged: "g", "momentum",
  *           "lr", "reason".
@@ -50,6 +51,7 @@ typedef struct {
     outcome_t out;
     bool probed; /* a run was made for it (or reused); false: chosen without comparison */
     double score, spi;
+    double se; /* standard error of score: the spread of the losses it averages */
 } run_t;
 
 struct omv_optimizer {
@@ -129,6 +131,7 @@ void omv_optimizer_params_init(omv_optimizer_params_t *params, uint32_t workers)
     params->phase_diverge_window = 16;
     params->he_gain = 0.10;
     params->tie_rel = 0.01;
+    params->tie_z = 2.0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -185,7 +188,8 @@ static bool validate(omv_optimizer_params_t *p)
         return false;
     if (!(p->diverge_factor > 1.0 && isfinite(p->diverge_factor)))
         return false;
-    if (!(p->he_gain >= 0.0 && p->he_gain < 1.0) || !(p->tie_rel >= 0.0 && p->tie_rel < 1.0))
+    if (!(p->he_gain >= 0.0 && p->he_gain < 1.0) || !(p->tie_rel >= 0.0 && p->tie_rel < 1.0) ||
+        !(p->tie_z >= 0.0 && p->tie_z < 100.0))
         return false;
     return true;
 }
@@ -320,6 +324,7 @@ static void rec_candidates(omv_optimizer_t *self)
         json_str(sb, "outcome",
                  r->probed || r->out == OUT_SKIPPED ? outcome_names[r->out] : "not probed");
         json_num(sb, "score", r->score);
+        json_num(sb, "score_se", r->se);
         json_num(sb, "s_per_iter", r->spi);
         omv_strbuf_append(sb, "}", 1);
     }
@@ -355,6 +360,24 @@ static double ring_mean(const omv_optimizer_t *self, uint64_t k)
     for (uint64_t i = 0; i < k; i++)
         sum += self->ring[(self->n_obs - 1 - i) % self->ring_cap];
     return sum / (double)k;
+}
+
+/* The standard error of ring_mean(self, k): the sample deviation of those losses over sqrt(k).
+ * Neighbouring losses are not independent (they share a trend), which only makes it larger. */
+static double ring_se(const omv_optimizer_t *self, uint64_t k)
+{
+    if (k > self->n_obs)
+        k = self->n_obs;
+    if (k > self->ring_cap)
+        k = self->ring_cap;
+    if (k < 2)
+        return NAN;
+    double mean = ring_mean(self, k), ss = 0.0;
+    for (uint64_t i = 0; i < k; i++) {
+        double dv = self->ring[(self->n_obs - 1 - i) % self->ring_cap] - mean;
+        ss += dv * dv;
+    }
+    return sqrt(ss / (double)(k - 1) / (double)k);
 }
 
 /* Seconds per iteration (one group step) of the whole system, after every group's warm-up. */
@@ -450,7 +473,7 @@ static run_t *add_run(omv_optimizer_t *self, stage_t stage, uint32_t g, double m
         self->cap_runs = cap;
     }
     run_t *r = &self->runs[self->n_runs++];
-    *r = (run_t){stage, g, momentum, lr, OUT_PENDING, false, NAN, NAN};
+    *r = (run_t){stage, g, momentum, lr, OUT_PENDING, false, NAN, NAN, NAN};
     return r;
 }
 
@@ -498,6 +521,7 @@ static void rec_probe(omv_optimizer_t *self, const run_t *r, double now_s, bool 
     json_str(&self->log, "outcome", outcome_names[r->out]);
     omv_strbuf_printf(&self->log, ",\"reused\":%s", reused ? "true" : "false");
     json_num(&self->log, "score", r->score);
+    json_num(&self->log, "score_se", r->se);
     if (!reused) {
         json_num(&self->log, "first_loss", self->first_loss);
         omv_strbuf_printf(&self->log, ",\"steps\":%u,\"observations\":%llu", run_slowest(self),
@@ -531,24 +555,36 @@ static void prune(omv_optimizer_t *self, const run_t *bad, double now_s)
     }
 }
 
-/* The best of the stage's scored configurations: the lowest score, where scores within
- * tie_rel x |best| of it tie and the larger learning rate, then the larger momentum, wins.
- * Returns its index, or -1 when none was scored. */
+/* The best of the stage's scored configurations: the lowest score, where a score ties with it
+ * when the two differ by no more than tie_rel x |best|, or than tie_z standard errors of their
+ * difference (what the probes cannot tell apart: at a low loss the minibatches' noise is as
+ * large as the differences between configurations, and a learning rate once dropped never
+ * comes back). Among ties the larger learning rate, then the larger momentum, wins. Returns
+ * its index, or -1 when none was scored. */
 static long choose(const omv_optimizer_t *self)
 {
-    double best = INFINITY;
+    long b = -1;
     for (size_t i = self->stage_begin; i < self->n_runs; i++) {
         const run_t *r = &self->runs[i];
-        if ((r->out == OUT_OK || r->out == OUT_TIMEOUT) && isfinite(r->score) && r->score < best)
-            best = r->score;
+        if ((r->out == OUT_OK || r->out == OUT_TIMEOUT) && isfinite(r->score) &&
+            (b < 0 || r->score < self->runs[b].score))
+            b = (long)i;
     }
-    if (!isfinite(best))
+    if (b < 0)
         return -1;
-    double limit = best + self->p.tie_rel * fabs(best);
+    double best = self->runs[b].score, se_b = self->runs[b].se;
     long pick = -1;
     for (size_t i = self->stage_begin; i < self->n_runs; i++) {
         const run_t *r = &self->runs[i];
-        if (!(r->out == OUT_OK || r->out == OUT_TIMEOUT) || !(r->score <= limit))
+        if (!(r->out == OUT_OK || r->out == OUT_TIMEOUT) || !isfinite(r->score))
+            continue;
+        double limit = best + self->p.tie_rel * fabs(best);
+        if (self->p.tie_z > 0 && isfinite(se_b) && isfinite(r->se)) {
+            double noise = best + self->p.tie_z * sqrt(se_b * se_b + r->se * r->se);
+            if (noise > limit)
+                limit = noise;
+        }
+        if (!(r->score <= limit))
             continue;
         if (pick < 0 || r->lr > self->runs[pick].lr ||
             (r->lr == self->runs[pick].lr && r->momentum > self->runs[pick].momentum))
@@ -795,6 +831,7 @@ static void next_probe(omv_optimizer_t *self, double now_s)
         if (same) {
             r->out = same->out;
             r->score = same->score;
+            r->se = same->se;
             r->spi = same->spi;
             r->probed = true;
             rec_probe(self, r, now_s, true, NULL);
@@ -818,6 +855,7 @@ static void end_run(omv_optimizer_t *self, outcome_t out, const char *reason, do
     r->out = out;
     r->probed = true;
     r->score = out == OUT_DIVERGED ? NAN : ring_mean(self, (self->n_obs + 1) / 2);
+    r->se = out == OUT_DIVERGED ? NAN : ring_se(self, (self->n_obs + 1) / 2);
     r->spi = run_spi(self);
     rec_probe(self, r, now_s, false, reason);
     if (r->stage == STAGE_TIMING) {
