@@ -555,39 +555,60 @@ static void prune(omv_optimizer_t *self, const run_t *bad, double now_s)
     }
 }
 
-/* The best of the stage's scored configurations: the lowest score, where a score ties with it
- * when the two differ by no more than tie_rel x |best|, or than tie_z standard errors of their
- * difference (what the probes cannot tell apart: at a low loss the minibatches' noise is as
- * large as the differences between configurations, and a learning rate once dropped never
- * comes back). Among ties the larger learning rate, then the larger momentum, wins. Returns
- * its index, or -1 when none was scored. */
+/* Whether a and b score the same: within tie_rel x |the lower|, or (noise 1) within tie_z
+ * standard errors of their difference. */
+static bool tied(const omv_optimizer_t *self, const run_t *lo, const run_t *r, bool noise)
+{
+    double limit = lo->score + self->p.tie_rel * fabs(lo->score);
+    if (noise && self->p.tie_z > 0 && isfinite(lo->se) && isfinite(r->se)) {
+        double n = lo->score + self->p.tie_z * sqrt(lo->se * lo->se + r->se * r->se);
+        if (n > limit)
+            limit = n;
+    }
+    return r->score <= limit;
+}
+
+static bool scored(const run_t *r)
+{
+    return (r->out == OUT_OK || r->out == OUT_TIMEOUT) && isfinite(r->score);
+}
+
+/* The best of the stage's scored configurations, in two steps.
+ * 1. The learning rate: the largest among configurations whose score ties with the lowest,
+ *    where a tie is within tie_rel x |best| or within tie_z standard errors of the difference.
+ *    At a low loss the minibatches' noise is as large as the differences between
+ *    configurations, and a learning rate once dropped never comes back: it drops only on a
+ *    difference the probes can resolve.
+ * 2. Among that learning rate's configurations: the lowest score, where scores within tie_rel
+ *    tie and the larger momentum wins (the noise rule is not used here: it would favour the
+ *    most aggressive momentum, which short probes cannot show to be unstable).
+ * Returns its index, or -1 when none was scored. */
 static long choose(const omv_optimizer_t *self)
 {
     long b = -1;
-    for (size_t i = self->stage_begin; i < self->n_runs; i++) {
-        const run_t *r = &self->runs[i];
-        if ((r->out == OUT_OK || r->out == OUT_TIMEOUT) && isfinite(r->score) &&
-            (b < 0 || r->score < self->runs[b].score))
+    for (size_t i = self->stage_begin; i < self->n_runs; i++)
+        if (scored(&self->runs[i]) && (b < 0 || self->runs[i].score < self->runs[b].score))
             b = (long)i;
-    }
     if (b < 0)
         return -1;
-    double best = self->runs[b].score, se_b = self->runs[b].se;
+    double lr = self->runs[b].lr;
+    for (size_t i = self->stage_begin; i < self->n_runs; i++) {
+        const run_t *r = &self->runs[i];
+        if (scored(r) && r->lr > lr && tied(self, &self->runs[b], r, true))
+            lr = r->lr;
+    }
+    long lb = -1;
+    for (size_t i = self->stage_begin; i < self->n_runs; i++) {
+        const run_t *r = &self->runs[i];
+        if (scored(r) && r->lr == lr && (lb < 0 || r->score < self->runs[lb].score))
+            lb = (long)i;
+    }
     long pick = -1;
     for (size_t i = self->stage_begin; i < self->n_runs; i++) {
         const run_t *r = &self->runs[i];
-        if (!(r->out == OUT_OK || r->out == OUT_TIMEOUT) || !isfinite(r->score))
+        if (!scored(r) || r->lr != lr || !tied(self, &self->runs[lb], r, false))
             continue;
-        double limit = best + self->p.tie_rel * fabs(best);
-        if (self->p.tie_z > 0 && isfinite(se_b) && isfinite(r->se)) {
-            double noise = best + self->p.tie_z * sqrt(se_b * se_b + r->se * r->se);
-            if (noise > limit)
-                limit = noise;
-        }
-        if (!(r->score <= limit))
-            continue;
-        if (pick < 0 || r->lr > self->runs[pick].lr ||
-            (r->lr == self->runs[pick].lr && r->momentum > self->runs[pick].momentum))
+        if (pick < 0 || r->momentum > self->runs[pick].momentum)
             pick = (long)i;
     }
     return pick;

@@ -63,10 +63,11 @@ typedef struct {
     uint32_t phase_diverge_window;
     /* Groups double while seconds per iteration fall by at least he_gain (0.10). */
     double he_gain;
-    /* Scores within tie_rel x |best| of the best tie (0.01), and so do scores within tie_z
-     * (2; 0: off) standard errors of the difference from the best (each score's standard error
-     * is the spread of the losses it averages); ties go to the larger learning rate, then the
-     * larger momentum. */
+    /* Scores within tie_rel x |best| of the best tie (0.01); ties go to the larger learning
+     * rate, then the larger momentum. For the learning rate, scores within tie_z (2; 0: off)
+     * standard errors of their difference from the best tie too (a score's standard error is
+     * the spread of the losses it averages): a learning rate drops only on a difference the
+     * probes can resolve. */
     double tie_rel;
     double tie_z;
 } omv_optimizer_params_t;
