@@ -740,6 +740,20 @@ static void timing_done(omv_optimizer_t *self, const run_t *r, double now_s)
     timing_choose(self, reason, now_s);
 }
 
+/* Whether momentum 0 (run b) beats every larger momentum at its learning rate by more than the
+ * probes' noise (tie_z standard errors of the difference): halving g is a big step (it costs
+ * speed for the rest of the phase), not one to take on a minibatch's luck. */
+static bool zero_clearly_best(const omv_optimizer_t *self, long b)
+{
+    const run_t *z = &self->runs[b];
+    for (size_t i = self->stage_begin; i < self->n_runs; i++) {
+        const run_t *r = &self->runs[i];
+        if (scored(r) && r->lr == z->lr && r->momentum > 0.0 && tied(self, z, r, true))
+            return false;
+    }
+    return true;
+}
+
 static void grid_done(omv_optimizer_t *self, double now_s)
 {
     size_t n = self->n_runs - self->stage_begin;
@@ -764,7 +778,8 @@ static void grid_done(omv_optimizer_t *self, double now_s)
     json_str(&self->log, "reason", reason);
     rec_candidates(self);
     rec_end(self);
-    if (self->tune_g && self->tune_m && m == 0.0 && self->g_search > 1) {
+    if (self->tune_g && self->tune_m && m == 0.0 && self->g_search > 1 &&
+        zero_clearly_best(self, b)) {
         rec_begin(self, "halve", now_s);
         omv_strbuf_printf(&self->log, ",\"from\":%u,\"to\":%u", self->g_search, self->g_search / 2);
         json_str(&self->log, "reason",

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "optimizer.h"
@@ -542,6 +543,33 @@ START_TEST(test_noise_ties)
     omv_optimizer_status(s.opt, &st);
     ck_assert_msg(near(st.lr, 0.01), "lr %g m %g", st.lr, st.momentum);
     sim_fini(&s);
+}
+END_TEST
+
+/* Momentum 0 a little better than the others (0.3% a step). */
+static double f_zero_slight(double lr, double m, uint32_t g, double loss)
+{
+    return m == 0.0 ? 0.99 : 0.993;
+}
+
+/* g is halved when momentum 0 is best beyond the probes' noise, not when noise made it win. */
+START_TEST(test_noisy_momentum_zero_keeps_g)
+{
+    omv_optimizer_params_t p = params(4);
+    for (int noisy = 0; noisy < 2; noisy++) {
+        sim_t s;
+        sim_init(&s, &p, f_zero_slight, t_linear);
+        s.noise = noisy ? 0.6 : 0.0;
+        sim_until_phase(&s, 1);
+        omv_strbuf_t sb;
+        decisions(&s, &sb);
+        int halved = strstr(sb.data, "\"event\":\"halve\"") != NULL;
+        if (getenv("OMV_TEST_DUMP"))
+            fprintf(stderr, "%s\n", sb.data);
+        ck_assert_msg(halved == !noisy, "noise %g: halved %d", s.noise, halved);
+        omv_strbuf_fini(&sb);
+        sim_fini(&s);
+    }
 }
 END_TEST
 
@@ -1454,6 +1482,7 @@ static Suite *optimizer_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_cold_start_lr);
     tcase_add_test(tc, test_noise_ties);
+    tcase_add_test(tc, test_noisy_momentum_zero_keeps_g);
     tcase_add_test(tc, test_groups_grow_while_faster);
     tcase_add_test(tc, test_warmup_left_out_of_timing);
     tcase_add_test(tc, test_snapshot_restore_order);
