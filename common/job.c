@@ -82,7 +82,7 @@ const omv_config_entry_t omv_job_table[] = {
     {"optimizer", "probe_steps", INT(probe_steps), "0", 0, 1e9, 0,
      "steps of the slowest group per probe (0: phase_steps / 80, about 10% of a phase)"},
     {"optimizer", "later_probe_steps", INT(later_probe_steps), "0", 0, 1e9, 0,
-     "per probe of later searches (0: half of probe_steps, never under probe_steps / groups)"},
+     "per probe of later searches (0: probe_steps)"},
     {"optimizer", "first_grid_cold_lr", BOOL(first_grid_cold_lr), "yes", 0, 1, 0,
      "the first search's grids probe only the cold start's learning rate (no: a tenth too)"},
     {"checkpoint", "dir", STR(checkpoint_dir), "", 0, 0, 0,

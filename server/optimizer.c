@@ -486,17 +486,10 @@ static void start_stage(omv_optimizer_t *self, stage_t stage)
 /* Steps of the slowest group a probe at g runs for (see later_probe_steps). */
 static uint32_t probe_budget(const omv_optimizer_t *self, uint32_t g)
 {
-    const omv_optimizer_params_t *p = &self->p;
-    if (self->first)
-        return p->probe_steps;
-    if (p->later_probe_steps)
-        return p->later_probe_steps;
-    uint32_t s = p->probe_steps / 2, floor = (p->probe_steps + g - 1) / g;
-    if (s < floor)
-        s = floor;
-    if (s < p->warmup_steps + 3)
-        s = p->warmup_steps + 3;
-    return s < p->probe_steps ? s : p->probe_steps;
+    (void)g;
+    if (!self->first && self->p.later_probe_steps)
+        return self->p.later_probe_steps;
+    return self->p.probe_steps;
 }
 
 /* Issues the run for runs[i]: the first run of a search takes the snapshot, every later one

@@ -938,6 +938,7 @@ START_TEST(test_first_grid_cold_lr_and_short_later_probes)
     omv_optimizer_params_init(&p, 4);
     p.phase_steps = 200;
     p.probe_steps = 10;
+    p.later_probe_steps = 5;
     sim_t s;
     sim_init(&s, &p, f_basic, t_linear);
     sim_until_phase(&s, 2);
@@ -951,7 +952,7 @@ START_TEST(test_first_grid_cold_lr_and_short_later_probes)
         ck_assert(near(c[i].lr, 0.01));
     ck_assert_uint_eq(s.cmds[first_phase].groups, 2);
     ck_assert(near(s.cmds[first_phase].momentum, 0.3));
-    /* The second search probes both lrs, for half as many steps (g = 2: 10 / 2 = 5 = 10 / g). */
+    /* The second search probes both lrs, for later_probe_steps. */
     int second = phase_cmd(&s, first_phase + 1);
     n = probes_in(&s, first_phase + 1, second, c, 64);
     int tenth = 0;
@@ -972,7 +973,7 @@ START_TEST(test_first_grid_cold_lr_and_short_later_probes)
     omv_strbuf_fini(&sb);
     sim_fini(&s);
 
-    /* At g = 1 a later probe keeps its length: it would score too few losses otherwise. */
+    /* By default a later probe is as long as a first one. */
     omv_optimizer_params_init(&p, 1);
     p.phase_steps = 200;
     p.probe_steps = 10;
