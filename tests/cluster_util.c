@@ -5,6 +5,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,6 +217,36 @@ int run_ctl(char *out, size_t cap, const char *extra)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+
+int run_omnivorectl(char *out, size_t cap, const char *env, const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", env ? env : "", bin("OMNIVORECTL"), args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int ctl_sock(char *out, size_t cap, const char *args)
+{
+    char a[1536];
+    snprintf(a, sizeof(a), "--socket %s %s", sock_path, args);
+    return run_omnivorectl(out, cap, NULL, a);
+}
+
+void stop_workers(const pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        kill(pids[i], SIGTERM);
+    for (int i = 0; i < n; i++) {
+        char what[32];
+        snprintf(what, sizeof(what), "worker %d of %d", i + 1, n);
+        expect_exit_0(pids[i], what);
+    }
+}
 
 void expect_exit_0(pid_t pid, const char *what)
 {

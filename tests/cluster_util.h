@@ -35,6 +35,13 @@ double field(const char *body, const char *key);
 int has_text(const char *body, const char *text);
 double json_number(const char *json, const char *key);
 int run_ctl(char *out, size_t cap, const char *extra);
+/* Runs the real `ENV omnivorectl ARGS` (env may be NULL) and returns its exit status; stdout and
+ * stderr land in out. */
+int run_omnivorectl(char *out, size_t cap, const char *env, const char *args);
+/* The same with --socket sock_path before args. */
+int ctl_sock(char *out, size_t cap, const char *args);
+/* SIGTERM to each worker, and each must exit 0 (they leave, or stop waiting for a daemon). */
+void stop_workers(const pid_t *pids, int n);
 /* Waits for pid and fails the test unless it exited with status 0; what names it. */
 void expect_exit_0(pid_t pid, const char *what);
 /* A control request that must succeed; the reply lands in body. */

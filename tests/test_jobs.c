@@ -17,20 +17,6 @@
 #include "strbuf.h"
 #include "util.h"
 
-/* Runs the real `omnivorectl --socket SOCK args` and returns its exit status; stdout and stderr
- * land in out. */
-static int ctl(char *out, size_t cap, const char *args)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", bin("OMNIVORECTL"), sock_path, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 static pid_t start_idle_daemon(void)
 {
     char *argv[] = {(char *)bin("OMNIVORED"), "--endpoint", endpoint, "--control", sock_path,
@@ -44,7 +30,7 @@ static void wait_jobs_text(const char *key, const char *want, int timeout_ms, ch
 {
     int64_t deadline = omv_time_ms() + timeout_ms;
     for (;;) {
-        ck_assert_int_eq(ctl(out, cap, "jobs"), 0);
+        ck_assert_int_eq(ctl_sock(out, cap, "jobs"), 0);
         char v[128] = "";
         if (text_field(out, key, v, sizeof(v)) == 0 && strcmp(v, want) == 0)
             return;
@@ -75,11 +61,11 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     pid_t d = start_idle_daemon();
     char out[16384];
     /* No job yet: status says so, and job-only commands say what to do. */
-    ck_assert_int_eq(ctl(out, sizeof(out), "status"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "status"), 0);
     ck_assert_msg(has_text(out, "\nstate:idle\n"), "%s", out);
-    ck_assert_int_eq(ctl(out, sizeof(out), "summary"), 1);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "summary"), 1);
     ck_assert_msg(has_text(out, "no job is loaded; submit one"), "%s", out);
-    ck_assert_int_eq(ctl(out, sizeof(out), "stop"), 1);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop"), 1);
     ck_assert_msg(has_text(out, "no job is running"), "%s", out);
 
     pid_t w1 = start_worker("trainer"), w2 = start_worker("trainer");
@@ -88,19 +74,19 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     char ids_before[64];
     worker_ids(ids_before, sizeof(ids_before));
     ck_assert_msg(has_text(ids_before, " ") && strlen(ids_before) >= 5, "%s", ids_before);
-    ck_assert_int_eq(ctl(out, sizeof(out), "workers"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "workers"), 0);
     ck_assert_msg(has_text(out, "state:idle") && !has_text(out, "state:alive"), "%s", out);
 
     /* Two jobs: the first runs now, the second waits its turn. */
     char args[1200];
     snprintf(args, sizeof(args), "submit %s --set job.name=first", job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     ck_assert_msg(has_text(out, "\nname:first\n") && has_text(out, "\nstate:waiting\n"), "%s",
                   out);
     snprintf(args, sizeof(args), "submit %s --set job.name=second --set job.epochs=1", job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     ck_assert_msg(has_text(out, "\nstate:queued\nposition:1\n"), "%s", out);
-    ck_assert_int_eq(ctl(out, sizeof(out), "jobs"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "jobs"), 0);
     ck_assert_msg(has_text(out, "# queued_2\nposition:1\nname:second\n"), "%s", out);
 
     wait_jobs_text("finished_total", "2", 60000, out, sizeof(out));
@@ -129,10 +115,10 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_int_eq(status_field("refused_total"), 0);
 
     /* Bad submissions are refused with the reason, and change nothing. */
-    ck_assert_int_eq(ctl(out, sizeof(out), "submit /nonexistent/job.ini"), 2);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "submit /nonexistent/job.ini"), 2);
     ck_assert_msg(has_text(out, "/nonexistent/job.ini: No such file"), "%s", out);
     snprintf(args, sizeof(args), "submit %s --set data.train_images=%s", job_path, job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 1);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 1);
     ck_assert_msg(has_text(out, "job refused:") && has_text(out, "job.ini: not an IDX image"),
                   "%s", out);
     omv_strbuf_t body;
@@ -145,12 +131,7 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
 
     shutdown_daemon(d);
     /* The workers were told to wait for a daemon to come back: stop them. */
-    kill(w1, SIGTERM);
-    kill(w2, SIGTERM);
-    kill(ev, SIGTERM);
-    expect_exit_0(w1, "trainer 1");
-    expect_exit_0(w2, "trainer 2");
-    expect_exit_0(ev, "evaluator");
+    stop_workers((pid_t[]){w1, w2, ev}, 3);
     omv_strbuf_fini(&body);
 }
 END_TEST
@@ -165,19 +146,19 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
     char out[16384], args[1200];
     snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
              job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     snprintf(args, sizeof(args), "submit %s --set job.name=next --set job.epochs=1", job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     /* Drop a queued job by id, then queue it again. */
-    ck_assert_int_eq(ctl(out, sizeof(out), "stop 2"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop 2"), 0);
     ck_assert_msg(has_text(out, "state:dropped from the queue"), "%s", out);
-    ck_assert_int_eq(ctl(out, sizeof(out), "stop 2"), 1);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop 2"), 1);
     ck_assert_msg(has_text(out, "no job '2' is running or queued"), "%s", out);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
 
     double epoch = wait_status("epoch", 0.5, 60000);
     /* Each training worker says where it is and how fast it goes. */
-    ck_assert_int_eq(ctl(out, sizeof(out), "workers"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "workers"), 0);
     int trainers = 0;
     for (const char *p = out; (p = strstr(p, "\nrole:trainer\n")) != NULL; p++, trainers++) {
         ck_assert_msg(field(p, "step") >= 1 && field(p, "images_per_second") > 0, "%s", out);
@@ -186,7 +167,7 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
         ck_assert_str_eq(st, "alive");
     }
     ck_assert_int_eq(trainers, 2);
-    ck_assert_int_eq(ctl(out, sizeof(out), "stop long"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop long"), 0);
     ck_assert_msg(has_text(out, "# stop\nid:1\nname:long\n"), "%s", out);
     /* It ends once a checkpoint holds whole steps; the next job starts. */
     wait_jobs_text("finished_total", "1", 30000, out, sizeof(out));
@@ -205,7 +186,7 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
     /* Submitting it again resumes where it stopped (after 'next', which is queued first). */
     snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
              job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     wait_jobs_text("name", "long", 60000, out, sizeof(out)); /* the current job comes first */
     omv_strbuf_t body;
     omv_strbuf_init(&body);
@@ -216,17 +197,12 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
     /* Exactly where it stopped: no step went past the checkpoint (both printed to 0.001). */
     ck_assert_msg(fabs(field(omv_strbuf_str(&body), "resumed_epoch") - stopped_at) < 0.0011,
                   "stopped at %.3f:\n%s", stopped_at, omv_strbuf_str(&body));
-    ck_assert_int_eq(ctl(out, sizeof(out), "stop"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop"), 0);
     wait_jobs_text("finished_total", "3", 30000, out, sizeof(out));
     ck_assert_int_eq(status_field("workers_alive"), 0);
 
     shutdown_daemon(d);
-    kill(w1, SIGTERM);
-    kill(w2, SIGTERM);
-    kill(ev, SIGTERM);
-    expect_exit_0(w1, "trainer 1");
-    expect_exit_0(w2, "trainer 2");
-    expect_exit_0(ev, "evaluator");
+    stop_workers((pid_t[]){w1, w2, ev}, 3);
     omv_strbuf_fini(&body);
 }
 END_TEST
@@ -243,9 +219,9 @@ START_TEST(test_restart_restores_the_queue)
     char out[16384], args[1200];
     snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
              job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     snprintf(args, sizeof(args), "submit %s --set job.name=after --set job.epochs=1", job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     double epoch = wait_status("epoch", 0.3, 60000);
     char queue[700];
     snprintf(queue, sizeof(queue), "%s/jobs.queue", test_dir);
@@ -255,7 +231,7 @@ START_TEST(test_restart_restores_the_queue)
     expect_exit_0(d, "omnivored after SIGTERM");
     d = start_idle_daemon();
     wait_status("epoch", epoch, 30000); /* resumed, not started over */
-    ck_assert_int_eq(ctl(out, sizeof(out), "jobs"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "jobs"), 0);
     ck_assert_msg(has_text(out, "# current\nid:1\nname:long\n"), "%s", out);
     ck_assert_msg(has_text(out, "# queued_2\nposition:1\nname:after\n"), "%s", out);
     omv_strbuf_t body;
@@ -264,7 +240,7 @@ START_TEST(test_restart_restores_the_queue)
     ck_assert_msg(has_text(omv_strbuf_str(&body), "checkpoints/long/checkpoint-"), "%s",
                   omv_strbuf_str(&body));
     /* The overrides came back too: 'after' trains one epoch. */
-    ck_assert_int_eq(ctl(out, sizeof(out), "stop"), 0);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop"), 0);
     wait_jobs_text("finished_total", "2", 60000, out, sizeof(out));
     ck_assert_msg(has_text(out, "# finished_2\nname:after\n"), "%s", out);
     ck_assert_msg(fabs(field(strstr(out, "# finished_2\n") - 1, "epochs") - 1.0) < 0.1, "%s",
@@ -272,12 +248,7 @@ START_TEST(test_restart_restores_the_queue)
     /* Nothing left to restore. */
     ck_assert_int_eq(access(queue, F_OK), -1);
     shutdown_daemon(d);
-    kill(w1, SIGTERM);
-    kill(w2, SIGTERM);
-    kill(ev, SIGTERM);
-    expect_exit_0(w1, "trainer 1");
-    expect_exit_0(w2, "trainer 2");
-    expect_exit_0(ev, "evaluator");
+    stop_workers((pid_t[]){w1, w2, ev}, 3);
     omv_strbuf_fini(&body);
 }
 END_TEST
@@ -303,7 +274,7 @@ START_TEST(test_once_refuses_submissions)
     pid_t d = start_daemon();
     char out[4096], args[1200];
     snprintf(args, sizeof(args), "submit %s", job_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), args), 1);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 1);
     ck_assert_msg(has_text(out, "runs one job only"), "%s", out);
     pid_t w = start_worker("trainer"), ev = start_worker("evaluator");
     omv_strbuf_t body;

@@ -238,19 +238,6 @@ START_TEST(test_daemon_killed_and_restarted)
 }
 END_TEST
 
-/* Runs `omnivorectl --socket SOCK ARGS` and returns its exit status; its output goes to out. */
-static int ctl(const char *args, char *out, size_t cap)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", bin("OMNIVORECTL"), sock_path, args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 /* Regrouping a live run, by hand through omnivorectl: 1 -> 2 -> 4 -> 1 groups of 4 workers.
  * Every group step applies each shard exactly once and every gradient is summed exactly once:
  * the shard threads' own counts agree with the groups' bookkeeping. */
@@ -269,19 +256,19 @@ START_TEST(test_regroup_live)
         wait_status("step", status_field("step") + 15, 30000);
         char args[32];
         snprintf(args, sizeof(args), "regroup %d", plan[k]);
-        int rc = ctl(args, out, sizeof(out));
+        int rc = ctl_sock(out, sizeof(out), args);
         ck_assert_msg(rc == 0, "omnivorectl %s: %d: %s", args, rc, out);
         regroups = wait_status("regroups_total", regroups + 1, 20000);
         ck_assert_int_eq(status_field("groups_now"), plan[k]);
-        ck_assert_int_eq(ctl("groups", out, sizeof(out)), 0);
+        ck_assert_int_eq(ctl_sock(out, sizeof(out), "groups"), 0);
         char want[64];
         snprintf(want, sizeof(want), "# group %d", plan[k] - 1);
         ck_assert_msg(has_text(out, want), "groups after regroup %d: %s", plan[k], out);
     }
     /* A regroup out of range is refused with the reason, and changes nothing. */
-    ck_assert_int_eq(ctl("regroup 9", out, sizeof(out)), 1);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "regroup 9"), 1);
     ck_assert_msg(has_text(out, "give 1 to 4"), "%s", out);
-    ck_assert_int_eq(ctl("regroup", out, sizeof(out)), 2);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "regroup"), 2);
 
     double acc = wait_job();
     ck_assert_msg(acc > 0.95, "test accuracy %.4f", acc);

@@ -29,26 +29,6 @@
 #define PR_MDWE_REFUSE_EXEC_GAIN 1
 #endif
 
-/* Runs `omnivorectl ARGS` (stderr merged into out); returns its exit status. */
-static int ctl(char *out, size_t cap, const char *env, const char *args)
-{
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s %s %s 2>&1", env ? env : "", bin("OMNIVORECTL"), args);
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int status = pclose(p);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static int ctl_sock(char *out, size_t cap, const char *args)
-{
-    char a[1024];
-    snprintf(a, sizeof(a), "--socket %s %s", sock_path, args);
-    return ctl(out, cap, NULL, a);
-}
-
 static int count_text(const char *s, const char *text)
 {
     int n = 0;
@@ -261,7 +241,7 @@ START_TEST(test_groups_metrics_watch)
     /* The socket from the environment, as the unit's users set it. */
     char env[700];
     snprintf(env, sizeof(env), "OMNIVORE_SOCKET=%s", sock_path);
-    ck_assert_int_eq(ctl(out, sizeof(out), env, "status"), 0);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), env, "status"), 0);
     ck_assert_msg(has_text(out, "state:running"), "%s", out);
 
     stop_all(d, w, 2);
@@ -274,7 +254,7 @@ START_TEST(test_errors_say_what_to_do)
     char args[1024];
     /* No daemon: the socket is not there. */
     snprintf(args, sizeof(args), "--socket %s/none.sock status", test_dir);
-    ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, args), 3);
     char want[1024];
     snprintf(want, sizeof(want),
              "omnivorectl: is omnivored running? socket %s/none.sock not found (set --socket or "
@@ -282,11 +262,11 @@ START_TEST(test_errors_say_what_to_do)
              test_dir);
     ck_assert_str_eq(out, want);
     snprintf(args, sizeof(args), "--socket %s/none.sock watch", test_dir);
-    ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, args), 3);
     ck_assert_str_eq(out, want);
     char env[700];
     snprintf(env, sizeof(env), "OMNIVORE_SOCKET=%s/none.sock", test_dir);
-    ck_assert_int_eq(ctl(out, sizeof(out), env, "metrics"), 3);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), env, "metrics"), 3);
     ck_assert_str_eq(out, want);
 
     /* A socket file nobody listens on: the daemon died. */
@@ -298,7 +278,7 @@ START_TEST(test_errors_say_what_to_do)
     ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
     close(fd);
     snprintf(args, sizeof(args), "--socket %s groups", dead);
-    ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, args), 3);
     ck_assert_msg(has_text(out, "nothing answers on") && has_text(out, "journalctl -u omnivored"),
                   "%s", out);
 
@@ -320,14 +300,14 @@ START_TEST(test_errors_say_what_to_do)
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 3, "status %d: %s", status, out);
     } else {
         chmod(dead, 0);
-        ck_assert_int_eq(ctl(out, sizeof(out), NULL, args), 3);
+        ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, args), 3);
     }
     ck_assert_msg(has_text(out, "permission denied on") && has_text(out, "join the group '"), "%s",
                   out);
 
     /* Usage errors are 2, and --help names every command. */
-    ck_assert_int_eq(ctl(out, sizeof(out), NULL, "frobnicate"), 2);
-    ck_assert_int_eq(ctl(out, sizeof(out), NULL, "--help"), 0);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, "frobnicate"), 2);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, "--help"), 0);
     const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
                           "summary", "checkpoint", "shutdown", "run",     "help",
                           "history", "report",     "jobs",     "submit",  "stop"};
