@@ -24,6 +24,26 @@ static pid_t start_idle_daemon(void)
     return start_daemon_argv(argv);
 }
 
+/* An idle daemon with two trainers (delay_ms per step) and an evaluator registered and
+ * waiting; w gets their pids. */
+static pid_t start_waiting_cluster(pid_t w[3], const char *delay_ms)
+{
+    pid_t d = start_idle_daemon();
+    w[0] = start_worker_slow("trainer", delay_ms);
+    w[1] = start_worker_slow("trainer", delay_ms);
+    w[2] = start_worker("evaluator");
+    wait_status("workers_waiting", 3, 20000);
+    return d;
+}
+
+/* `omnivorectl submit JOB SETS` must succeed; its reply lands in out. */
+static void submit(const char *sets, char *out, size_t cap)
+{
+    char args[1200];
+    snprintf(args, sizeof(args), "submit %s %s", job_path, sets);
+    ck_assert_int_eq(ctl_sock(out, cap, args), 0);
+}
+
 /* Polls `jobs` until key (in the section that holds it first) reads want. */
 static void wait_jobs_text(const char *key, const char *want, int timeout_ms, char *out,
                            size_t cap)
@@ -79,12 +99,10 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
 
     /* Two jobs: the first runs now, the second waits its turn. */
     char args[1200];
-    snprintf(args, sizeof(args), "submit %s --set job.name=first", job_path);
-    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    submit("--set job.name=first", out, sizeof(out));
     ck_assert_msg(has_text(out, "\nname:first\n") && has_text(out, "\nstate:waiting\n"), "%s",
                   out);
-    snprintf(args, sizeof(args), "submit %s --set job.name=second --set job.epochs=1", job_path);
-    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    submit("--set job.name=second --set job.epochs=1", out, sizeof(out));
     ck_assert_msg(has_text(out, "\nstate:queued\nposition:1\n"), "%s", out);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "jobs"), 0);
     ck_assert_msg(has_text(out, "# queued_2\nposition:1\nname:second\n"), "%s", out);
@@ -139,14 +157,10 @@ END_TEST
 START_TEST(test_stop_checkpoints_and_resubmit_resumes)
 {
     write_job(2, 400, "");
-    pid_t d = start_idle_daemon();
-    pid_t w1 = start_worker_slow("trainer", "2"), w2 = start_worker_slow("trainer", "2");
-    pid_t ev = start_worker("evaluator");
-    wait_status("workers_waiting", 3, 20000);
+    pid_t w[3];
+    pid_t d = start_waiting_cluster(w, "2");
     char out[16384], args[1200];
-    snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
-             job_path);
-    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    submit("--set job.name=long --set checkpoint.every_s=0", out, sizeof(out));
     snprintf(args, sizeof(args), "submit %s --set job.name=next --set job.epochs=1", job_path);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
     /* Drop a queued job by id, then queue it again. */
@@ -184,9 +198,7 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
     ck_assert_msg(access(ckpt, R_OK) == 0, "no checkpoint at %s", ckpt);
 
     /* Submitting it again resumes where it stopped (after 'next', which is queued first). */
-    snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
-             job_path);
-    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    submit("--set job.name=long --set checkpoint.every_s=0", out, sizeof(out));
     wait_jobs_text("name", "long", 60000, out, sizeof(out)); /* the current job comes first */
     omv_strbuf_t body;
     omv_strbuf_init(&body);
@@ -202,7 +214,7 @@ START_TEST(test_stop_checkpoints_and_resubmit_resumes)
     ck_assert_int_eq(status_field("workers_alive"), 0);
 
     shutdown_daemon(d);
-    stop_workers((pid_t[]){w1, w2, ev}, 3);
+    stop_workers(w, 3);
     omv_strbuf_fini(&body);
 }
 END_TEST
@@ -212,16 +224,11 @@ END_TEST
 START_TEST(test_restart_restores_the_queue)
 {
     write_job(2, 400, "");
-    pid_t d = start_idle_daemon();
-    pid_t w1 = start_worker_slow("trainer", "2"), w2 = start_worker_slow("trainer", "2");
-    pid_t ev = start_worker("evaluator");
-    wait_status("workers_waiting", 3, 20000);
-    char out[16384], args[1200];
-    snprintf(args, sizeof(args), "submit %s --set job.name=long --set checkpoint.every_s=0",
-             job_path);
-    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
-    snprintf(args, sizeof(args), "submit %s --set job.name=after --set job.epochs=1", job_path);
-    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 0);
+    pid_t w[3];
+    pid_t d = start_waiting_cluster(w, "2");
+    char out[16384];
+    submit("--set job.name=long --set checkpoint.every_s=0", out, sizeof(out));
+    submit("--set job.name=after --set job.epochs=1", out, sizeof(out));
     double epoch = wait_status("epoch", 0.3, 60000);
     char queue[700];
     snprintf(queue, sizeof(queue), "%s/jobs.queue", test_dir);
@@ -248,7 +255,7 @@ START_TEST(test_restart_restores_the_queue)
     /* Nothing left to restore. */
     ck_assert_int_eq(access(queue, F_OK), -1);
     shutdown_daemon(d);
-    stop_workers((pid_t[]){w1, w2, ev}, 3);
+    stop_workers(w, 3);
     omv_strbuf_fini(&body);
 }
 END_TEST
