@@ -217,19 +217,46 @@ static int handler(void *user, const char *section, const char *key, const char 
     return 1;
 }
 
+static int load_stream(const omv_config_entry_t *table, size_t n, const char *path, FILE *f,
+                       void *target, int *ret_lines, char *err);
+
 int omv_config_load(const omv_config_entry_t *table, size_t n, const char *path, void *target,
                     int *ret_lines, char *err)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        int r = -errno;
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot open: %s", path, strerror(errno));
+        return r;
+    }
+    return load_stream(table, n, path, f, target, ret_lines, err);
+}
+
+int omv_config_load_text(const omv_config_entry_t *table, size_t n, const char *path,
+                         const char *text, void *target, int *ret_lines, char *err)
+{
+    /* An empty text is an empty file; fmemopen refuses a size of 0. */
+    static const char empty[] = "\n";
+    size_t len = strlen(text);
+    FILE *f = fmemopen((void *)(len ? text : empty), len ? len : 1, "r");
+    if (f == NULL) {
+        int r = -errno;
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot read: %s", path, strerror(errno));
+        return r;
+    }
+    return load_stream(table, n, path, f, target, ret_lines, err);
+}
+
+/* Parses f (taken: closed here) as path's contents. */
+static int load_stream(const omv_config_entry_t *table, size_t n, const char *path, FILE *f,
+                       void *target, int *ret_lines, char *err)
 {
     char why[OMV_CONFIG_ERR_MAX] = "";
     int *lines = calloc(n ? n : 1, sizeof(int));
     int r = 0;
-    if (lines == NULL)
-        return -ENOMEM;
-    load_ctx_t ctx = {table, n, target, lines, NULL, 0, why, 0};
-    ctx.file = fopen(path, "r");
-    if (ctx.file == NULL) {
-        r = -errno;
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot open: %s", path, strerror(errno));
+    load_ctx_t ctx = {table, n, target, lines, f, 0, why, 0};
+    if (lines == NULL) {
+        r = -ENOMEM;
         goto out;
     }
     int pr = ini_parse_stream(reader, &ctx, handler, &ctx);

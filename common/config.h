@@ -41,6 +41,9 @@ int omv_config_defaults(const omv_config_entry_t *table, size_t n, void *target)
  * ret_lines (optional, n ints) gets the line of each key set, 0 for keys left at default. */
 int omv_config_load(const omv_config_entry_t *table, size_t n, const char *path, void *target,
                     int *ret_lines, char *err);
+/* The same for a file's contents already read: text (NUL-terminated) is parsed as path's. */
+int omv_config_load_text(const omv_config_entry_t *table, size_t n, const char *path,
+                         const char *text, void *target, int *ret_lines, char *err);
 
 /* Sets one key from text (a command-line override "section.key=value" or the file).
  * Returns 0, -ENOENT for an unknown key, or -EINVAL with the reason in err. */

@@ -328,7 +328,41 @@ int omv_job_validate(omv_job_t *job, const char *path, char *err)
     return 0;
 }
 
+int omv_job_read(const char *path, char **ret_text, char *err)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        int r = -errno;
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot open: %s", path, strerror(errno));
+        return r;
+    }
+    char *text = malloc(OMV_JOB_FILE_MAX + 1);
+    size_t n = text ? fread(text, 1, OMV_JOB_FILE_MAX + 1, f) : 0;
+    int bad = text == NULL ? -ENOMEM : ferror(f) ? -EIO : n > OMV_JOB_FILE_MAX ? -EFBIG : 0;
+    fclose(f);
+    if (bad < 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: cannot read: %s", path,
+                 bad == -EFBIG ? "larger than 1 MiB, too large for a job file" : strerror(-bad));
+        free(text);
+        return bad;
+    }
+    text[n] = '\0';
+    *ret_text = text;
+    return 0;
+}
+
 int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
+{
+    char *text;
+    int r = omv_job_read(path, &text, err);
+    if (r < 0)
+        return r;
+    r = omv_job_load_text(ret_job, path, text, err);
+    free(text);
+    return r;
+}
+
+int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err)
 {
     omv_job_t job;
     memset(&job, 0, sizeof(job));
@@ -338,7 +372,7 @@ int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
         return r;
     }
     int lines[OMV_ARRAY_SIZE(omv_job_table)];
-    r = omv_config_load(omv_job_table, omv_job_table_len, path, &job, lines, err);
+    r = omv_config_load_text(omv_job_table, omv_job_table_len, path, text, &job, lines, err);
     if (r < 0)
         return r;
     int layers_line = 0;

@@ -79,6 +79,13 @@ extern const size_t omv_job_table_len;
  * into err[OMV_CONFIG_ERR_MAX]. */
 int omv_job_load(omv_job_t *ret_job, const char *path, char *err);
 
+/* A job file is read once (omv_job_read, at most OMV_JOB_FILE_MAX bytes; *ret_text is the
+ * caller's to free) and parsed from that text (omv_job_load_text, as omv_job_load parses path),
+ * so the text kept for checkpoints is the one the job ran with. */
+#define OMV_JOB_FILE_MAX (1 << 20)
+int omv_job_read(const char *path, char **ret_text, char *err);
+int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err);
+
 /* Validates cross-key rules (the model, groups vs workers); also after command-line overrides.
  * Reads the definition file, if the job names one, into model_text and checks that its shapes
  * chain (errors name that file and line). path names the job file in messages. */

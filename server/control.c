@@ -19,6 +19,8 @@
 
 struct omv_control {
     int fd;
+    int serving;                           /* the client being served; -1 outside a handler */
+    int deferred[OMV_CONTROL_MAX_DEFERRED]; /* clients waiting for an answer; -1: free */
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
 
@@ -44,6 +46,9 @@ omv_control_t *omv_control_new(const char *path)
     if (self == NULL)
         return NULL;
     memcpy(self->path, addr.sun_path, sizeof(self->path));
+    self->serving = -1;
+    for (int i = 0; i < OMV_CONTROL_MAX_DEFERRED; i++)
+        self->deferred[i] = -1;
     self->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (self->fd < 0)
         goto fail;
@@ -79,6 +84,8 @@ void omv_control_destroy(omv_control_t **self_p)
     omv_control_t *self = *self_p;
     if (self == NULL)
         return;
+    for (int i = 0; i < OMV_CONTROL_MAX_DEFERRED; i++)
+        omv_control_answer(self, i, -ESHUTDOWN, "the daemon is shutting down");
     close(self->fd);
     unlink(self->path);
     free(self);
@@ -101,6 +108,36 @@ static void write_all(int fd, const char *p, size_t n)
         p += w;
         n -= (size_t)w;
     }
+}
+
+int omv_control_defer(omv_control_t *self)
+{
+    for (int i = 0; i < OMV_CONTROL_MAX_DEFERRED; i++) {
+        if (self->deferred[i] < 0 && self->serving >= 0) {
+            /* The answer may come after the 1 s send timeout would matter: no harm, it is
+             * written in one go when it comes. */
+            self->deferred[i] = self->serving;
+            self->serving = -1;
+            return i;
+        }
+    }
+    return -EBUSY;
+}
+
+void omv_control_answer(omv_control_t *self, int id, int r, const char *body)
+{
+    if (id < 0 || id >= OMV_CONTROL_MAX_DEFERRED || self->deferred[id] < 0)
+        return;
+    omv_strbuf_t out;
+    omv_strbuf_init(&out);
+    if (r < 0)
+        omv_strbuf_printf(&out, "error: %s\n", body);
+    else
+        omv_strbuf_printf(&out, "ok\n%s", body);
+    write_all(self->deferred[id], omv_strbuf_str(&out), out.len);
+    close(self->deferred[id]);
+    self->deferred[id] = -1;
+    omv_strbuf_fini(&out);
 }
 
 void omv_control_serve(omv_control_t *self, omv_control_handler_fn fn, void *ctx)
@@ -145,7 +182,14 @@ void omv_control_serve(omv_control_t *self, omv_control_handler_fn fn, void *ctx
         if (argc == 0) {
             omv_strbuf_printf(&out, "error: empty request; try 'help'\n");
         } else {
+            self->serving = fd;
             int r = fn(ctx, argc, argv, &reply);
+            self->serving = -1;
+            if (r == OMV_CONTROL_DEFERRED) {
+                omv_strbuf_fini(&reply);
+                omv_strbuf_fini(&out);
+                return;
+            }
             if (r < 0)
                 omv_strbuf_printf(&out, "error: %s\n", omv_strbuf_str(&reply));
             else

@@ -21,8 +21,22 @@ omv_control_t *omv_control_new(const char *path);
 void omv_control_destroy(omv_control_t **self_p);
 int omv_control_fd(const omv_control_t *self);
 
-/* Accepts one waiting client, reads its line (within 1 s), answers through fn and closes. */
+/* Accepts one waiting client, reads its line (within 1 s), answers through fn and closes;
+ * unless fn deferred the answer (omv_control_defer) and returned OMV_CONTROL_DEFERRED. */
 void omv_control_serve(omv_control_t *self, omv_control_handler_fn fn, void *ctx);
+
+/* A handler returns this after omv_control_defer: it answers later. */
+#define OMV_CONTROL_DEFERRED 1
+/* Connections whose answers wait at once; a handler past this many answers at once. */
+#define OMV_CONTROL_MAX_DEFERRED 16
+
+/* From inside a handler: keeps the client being served open, to be answered later with
+ * omv_control_answer. Returns its id (>= 0), or -EBUSY when too many wait already. */
+int omv_control_defer(omv_control_t *self);
+
+/* Answers deferred client id as a handler would have (r: 0 or a negative errno with the error
+ * text in body) and closes it. An id that is not waiting is ignored. */
+void omv_control_answer(omv_control_t *self, int id, int r, const char *body);
 
 /* Client: sends line to the daemon at path and reads the whole reply into body (status line
  * removed). Returns 0 for ok, -EREMOTEIO for an error reply (its text in body), or a negative

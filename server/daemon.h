@@ -22,11 +22,12 @@ extern const size_t omv_daemon_table_len;
 
 typedef struct omv_daemon omv_daemon_t;
 
-/* Binds the endpoint and the control socket and lays out the job's model (job is copied). With
- * job NULL the daemon starts idle: workers register and wait, and jobs come with `submit`.
- * Returns NULL with errno set after logging what failed. Caller owns; omv_daemon_destroy. */
+/* Binds the endpoint and the control socket and lays out the job's model (job is copied; its
+ * file's text, as it was parsed, is kept for checkpoints). With job NULL the daemon starts idle:
+ * workers register and wait, and jobs come with `submit`. Returns NULL with errno set after
+ * logging what failed. Caller owns; omv_daemon_destroy. */
 omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *job,
-                             const char *job_path);
+                             const char *job_path, const char *job_text);
 void omv_daemon_destroy(omv_daemon_t **self_p);
 
 /* SIGHUP: when *flag becomes nonzero, the loop re-reads config_path (may be empty: nothing to

@@ -7,13 +7,12 @@
 #include <string.h>
 
 typedef struct {
-    uint64_t clock;           /* steps completed: the step being gathered now */
-    uint32_t live;            /* live members */
-    uint32_t joining;         /* members that start with the next step */
-    uint32_t shards_applied;  /* shards of the current step already applied */
-    uint32_t *arrived;        /* [n_shards] pushes from live members this step */
-    uint32_t *counted;        /* [n_shards] gradients summed this step */
-    uint8_t *applied;         /* [n_shards] */
+    uint64_t clock;          /* steps completed: the step being gathered now */
+    uint32_t live;           /* live members */
+    uint32_t joining;        /* members that start with the next step */
+    uint32_t shards_applied; /* shards of the current step already applied */
+    uint32_t *arrived;       /* [n_shards] pushes from live members this step */
+    uint8_t *applied;        /* [n_shards] */
 } group_t;
 
 struct omv_groups {
@@ -54,9 +53,8 @@ omv_groups_t *omv_groups_new(uint32_t n_slots, uint32_t n_groups, uint32_t n_sha
     for (uint32_t g = 0; g < self->max_groups; g++) {
         group_t *gr = &self->groups[g];
         gr->arrived = calloc(n_shards, sizeof(uint32_t));
-        gr->counted = calloc(n_shards, sizeof(uint32_t));
         gr->applied = calloc(n_shards, 1);
-        if (!gr->arrived || !gr->counted || !gr->applied)
+        if (!gr->arrived || !gr->applied)
             goto fail;
     }
     return self;
@@ -73,7 +71,6 @@ void omv_groups_destroy(omv_groups_t **self_p)
         return;
     for (uint32_t g = 0; self->groups && g < self->max_groups; g++) {
         free(self->groups[g].arrived);
-        free(self->groups[g].counted);
         free(self->groups[g].applied);
     }
     free(self->groups);
@@ -122,7 +119,6 @@ static void next_step(omv_groups_t *self, uint32_t group)
     gr->clock++;
     gr->shards_applied = 0;
     memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
-    memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
     memset(gr->applied, 0, self->n_shards);
     for (uint32_t s = 0; s < self->n_slots; s++) {
         if (self->slot_group[s] != (int32_t)group)
@@ -147,7 +143,7 @@ static void settle(omv_groups_t *self, uint32_t group)
             gr->applied[sh] = 1;
             gr->shards_applied++;
             if (self->ev.apply)
-                self->ev.apply(self->ev.ctx, group, sh, gr->counted[sh]);
+                self->ev.apply(self->ev.ctx, group, sh);
         }
     }
     if (gr->shards_applied == self->n_shards) {
@@ -170,7 +166,7 @@ void omv_groups_leave(omv_groups_t *self, uint32_t slot)
         return;
     }
     gr->live--;
-    /* Its gradients already summed this step stay counted; it is no longer waited for. */
+    /* Its gradients already summed this step stay in the sums; it is no longer waited for. */
     for (uint32_t sh = 0; sh < self->n_shards; sh++)
         if (self->pushed[(size_t)slot * self->n_shards + sh] && !gr->applied[sh])
             gr->arrived[sh]--;
@@ -184,7 +180,6 @@ void omv_groups_leave(omv_groups_t *self, uint32_t slot)
         } else {
             /* Nothing of the step is in the model: a worker joining later starts it afresh. */
             memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
-            memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
         }
         return;
     }
@@ -208,8 +203,8 @@ omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint
     if (self->joining[slot]) {
         snprintf(why, OMV_WIRE_REASON_MAX,
                  "slot %u joins group %u with step %llu, which has not started (group at step "
-                 "%llu)", slot, group, (unsigned long long)gr->clock + 1,
-                 (unsigned long long)gr->clock);
+                 "%llu)",
+                 slot, group, (unsigned long long)gr->clock + 1, (unsigned long long)gr->clock);
         return OMV_REFUSE_STEP;
     }
     if (step != gr->clock) {
@@ -225,14 +220,12 @@ omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint
     return OMV_REFUSE_NONE;
 }
 
-void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard, bool counted)
+void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard)
 {
     uint32_t group = (uint32_t)self->slot_group[slot];
     group_t *gr = &self->groups[group];
     self->pushed[(size_t)slot * self->n_shards + shard] = 1;
     gr->arrived[shard]++;
-    if (counted)
-        gr->counted[shard]++;
     settle(self, group);
 }
 
@@ -285,7 +278,6 @@ int omv_groups_regroup(omv_groups_t *self, uint32_t n_groups, const int32_t *gro
         gr->clock = clock;
         gr->shards_applied = 0;
         memset(gr->arrived, 0, self->n_shards * sizeof(uint32_t));
-        memset(gr->counted, 0, self->n_shards * sizeof(uint32_t));
         memset(gr->applied, 0, self->n_shards);
     }
     for (uint32_t s = 0; s < self->n_slots; s++) {

@@ -9,8 +9,10 @@
 #include "wire.h"
 
 typedef struct {
-    /* A shard of the group's step has all live members' gradients: apply it. */
-    void (*apply)(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors);
+    /* A shard of the group's step has all live members' pushes: apply it. This object counts
+     * arrivals only; how many gradients the sum holds (a push that was not finite is recorded
+     * too) is for whoever summed them to know. */
+    void (*apply)(void *ctx, uint32_t group, uint32_t shard);
     /* Every shard of the group's step was applied; the group's clock is now `clock`. */
     void (*advance)(void *ctx, uint32_t group, uint64_t clock);
     /* The group lost its last live member: its pending sums are to be discarded. */
@@ -47,10 +49,9 @@ void omv_groups_leave(omv_groups_t *self, uint32_t slot);
 omv_refuse_t omv_groups_check_push(const omv_groups_t *self, uint32_t slot, uint64_t step,
                                    uint32_t shard, char *why);
 
-/* Records a checked push; counted says whether its gradient went into the sum (a gradient that
- * was not finite is recorded, so the step can complete, but not counted). May fire apply and
- * advance. */
-void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard, bool counted);
+/* Records a checked push (every accepted one, a gradient that was not finite too, so that the
+ * step can complete). May fire apply and advance. */
+void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard);
 
 /* Whether a member of group may begin step now: its group has finished step - 1 and, under a
  * bound s, every other live group has finished step - s - 1. */

@@ -57,29 +57,31 @@ static int has_set(int argc, char **argv)
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    omv_log_set_ident("omnivored");
-    omv_keep_memory_resident();
-    omv_daemon_config_t cfg;
-    char err[OMV_CONFIG_ERR_MAX];
-    memset(&cfg, 0, sizeof(cfg));
-    omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
+static const struct option opts[] = {
+    {"config", required_argument, NULL, 'c'},    {"endpoint", required_argument, NULL, 'e'},
+    {"control", required_argument, NULL, 's'},   {"job", required_argument, NULL, 'j'},
+    {"workers", required_argument, NULL, 'w'},   {"set", required_argument, NULL, 'S'},
+    {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},         {"state-dir", required_argument, NULL, 'd'},
+    {"once", no_argument, NULL, 'O'},            {NULL, 0, NULL, 0},
+};
+#define SHORT_OPTS "c:e:s:j:w:l:d:hVO"
 
-    static const struct option opts[] = {
-        {"config", required_argument, NULL, 'c'},  {"endpoint", required_argument, NULL, 'e'},
-        {"control", required_argument, NULL, 's'}, {"job", required_argument, NULL, 'j'},
-        {"workers", required_argument, NULL, 'w'}, {"set", required_argument, NULL, 'S'},
-        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},       {"state-dir", required_argument, NULL, 'd'},
-        {"once", no_argument, NULL, 'O'},
-        {NULL, 0, NULL, 0},
-    };
-    /* First pass: the config file, so that flags override it. */
+/* What the command line said besides the daemon's config. */
+typedef struct {
+    const char *workers, *config_path, *cli_log_level;
+} cli_t;
+
+/* First pass: the config file, so that flags override it; --help and --version. Returns -1 to
+ * go on, else the exit status. */
+static int read_config_file(int argc, char **argv, omv_daemon_config_t *cfg)
+{
+    char err[OMV_CONFIG_ERR_MAX];
     int c;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hVO", opts, NULL)) != -1) {
-        if (c == 'c' && omv_config_load(omv_daemon_table, omv_daemon_table_len, optarg, &cfg,
-                                        NULL, err) < 0) {
+    optind = 1;
+    while ((c = getopt_long(argc, argv, SHORT_OPTS, opts, NULL)) != -1) {
+        if (c == 'c' &&
+            omv_config_load(omv_daemon_table, omv_daemon_table_len, optarg, cfg, NULL, err) < 0) {
             fprintf(stderr, "omnivored: %s\n", err);
             return 2;
         } else if (c == 'h') {
@@ -93,62 +95,77 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    const char *workers = NULL, *config_path = NULL, *cli_log_level = NULL;
+    return -1;
+}
+
+/* Second pass: flags over the file. Returns -1 to go on, else the exit status. */
+static int read_flags(int argc, char **argv, omv_daemon_config_t *cfg, cli_t *cli)
+{
+    char err[OMV_CONFIG_ERR_MAX];
+    int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hVO", opts, NULL)) != -1) {
-        const char *key = c == 'e' ? "endpoint" : c == 's' ? "control" : c == 'j' ? "job"
-                        : c == 'l' ? "log_level" : c == 'd' ? "state_dir" : NULL;
-        if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, &cfg, "daemon", key,
+    while ((c = getopt_long(argc, argv, SHORT_OPTS, opts, NULL)) != -1) {
+        const char *key = c == 'e'   ? "endpoint"
+                          : c == 's' ? "control"
+                          : c == 'j' ? "job"
+                          : c == 'l' ? "log_level"
+                          : c == 'd' ? "state_dir"
+                                     : NULL;
+        if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, cfg, "daemon", key,
                                   optarg, err) < 0) {
             fprintf(stderr, "omnivored: %s\n", err);
             return 2;
         }
         if (c == 'w')
-            workers = optarg;
+            cli->workers = optarg;
         else if (c == 'c')
-            config_path = optarg;
+            cli->config_path = optarg;
         else if (c == 'l')
-            cli_log_level = optarg;
+            cli->cli_log_level = optarg;
         else if (c == 'O')
-            cfg.once = 1;
+            cfg->once = 1;
     }
-    if (omv_log_set_level_name(cfg.log_level) < 0) {
+    if (omv_log_set_level_name(cfg->log_level) < 0) {
         fprintf(stderr, "omnivored: log level '%s' is not error, warn, info or debug\n",
-                cfg.log_level);
+                cfg->log_level);
         return 2;
     }
-    int have_job = cfg.job[0] != '\0';
-    if (!have_job && cfg.once) {
-        fprintf(stderr, "omnivored: --once runs one job: give --job FILE or set [daemon] job\n");
-        return 2;
-    }
-    if (!have_job && (workers || has_set(argc, argv))) {
-        fprintf(stderr, "omnivored: --workers and --set change the job, but there is none: give "
-                        "--job FILE\n");
-        return 2;
-    }
-    static omv_job_t job;
-    if (have_job && omv_job_load(&job, cfg.job, err) < 0) {
+    return -1;
+}
+
+/* The boot job: its file read once, parsed from that text, with --workers and --set applied.
+ * Returns -1 to go on, else the exit status. */
+static int load_boot_job(int argc, char **argv, const omv_daemon_config_t *cfg, const cli_t *cli,
+                         omv_job_t *job, char **ret_text)
+{
+    char err[OMV_CONFIG_ERR_MAX];
+    if (omv_job_read(cfg->job, ret_text, err) < 0 ||
+        omv_job_load_text(job, cfg->job, *ret_text, err) < 0) {
         fprintf(stderr, "omnivored: %s\n", err);
         return 2;
     }
-    if (have_job && workers && omv_config_set(omv_job_table, omv_job_table_len, &job, "cluster", "workers",
-                                  workers, err) < 0) {
+    if (cli->workers && omv_config_set(omv_job_table, omv_job_table_len, job, "cluster",
+                                       "workers", cli->workers, err) < 0) {
         fprintf(stderr, "omnivored: --workers: %s\n", err);
         return 2;
     }
+    int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:e:s:j:w:l:d:hVO", opts, NULL)) != -1) {
-        if (c == 'S' && omv_config_set_arg(omv_job_table, omv_job_table_len, &job, optarg, err) < 0) {
+    while ((c = getopt_long(argc, argv, SHORT_OPTS, opts, NULL)) != -1) {
+        if (c == 'S' && omv_config_set_arg(omv_job_table, omv_job_table_len, job, optarg, err) < 0) {
             fprintf(stderr, "omnivored: --set: %s\n", err);
             return 2;
         }
     }
-    if (have_job && omv_job_validate(&job, cfg.job, err) < 0) {
+    if (omv_job_validate(job, cfg->job, err) < 0) {
         fprintf(stderr, "omnivored: %s\n", err);
         return 2;
     }
+    return -1;
+}
 
+static void install_signals(void)
+{
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
@@ -160,21 +177,66 @@ int main(int argc, char **argv)
     memset(&hup, 0, sizeof(hup));
     hup.sa_handler = on_hup;
     sigaction(SIGHUP, &hup, NULL);
+}
 
-    omv_daemon_t *d = omv_daemon_new(&cfg, have_job ? &job : NULL, cfg.job);
+/* Checks that the flags fit together. Returns -1 to go on, else the exit status. */
+static int check_flags(int argc, char **argv, const omv_daemon_config_t *cfg, const cli_t *cli)
+{
+    int have_job = cfg->job[0] != '\0';
+    if (!have_job && cfg->once) {
+        fprintf(stderr, "omnivored: --once runs one job: give --job FILE or set [daemon] job\n");
+        return 2;
+    }
+    if (!have_job && (cli->workers || has_set(argc, argv))) {
+        fprintf(stderr, "omnivored: --workers and --set change the job, but there is none: give "
+                        "--job FILE\n");
+        return 2;
+    }
+    return -1;
+}
+
+static int serve(const omv_daemon_config_t *cfg, const cli_t *cli, const omv_job_t *job,
+                 const char *text)
+{
+    omv_daemon_t *d = omv_daemon_new(cfg, job, cfg->job, text);
     if (d == NULL)
         return 1;
     /* Both sockets are bound and the control socket answers from here on. */
     char ready[512];
-    if (have_job)
-        snprintf(ready, sizeof(ready), "waiting: job %s, %lld workers on %s", job.name,
-                 (long long)job.workers, cfg.endpoint);
+    if (job)
+        snprintf(ready, sizeof(ready), "waiting: job %s, %lld workers on %s", job->name,
+                 (long long)job->workers, cfg->endpoint);
     else
-        snprintf(ready, sizeof(ready), "idle: no job; workers on %s", cfg.endpoint);
+        snprintf(ready, sizeof(ready), "idle: no job; workers on %s", cfg->endpoint);
     omv_notify_ready(ready);
-    omv_daemon_set_reload(d, &reload_flag, config_path, cli_log_level);
+    omv_daemon_set_reload(d, &reload_flag, cli->config_path, cli->cli_log_level);
     int r = omv_daemon_run(d, &stop_flag);
     omv_notify_stopping();
     omv_daemon_destroy(&d);
     return r < 0 ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    omv_log_set_ident("omnivored");
+    omv_keep_memory_resident();
+    static omv_daemon_config_t cfg;
+    static omv_job_t job;
+    cli_t cli = {0};
+    char *text = NULL;
+    omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
+    int rc = read_config_file(argc, argv, &cfg);
+    if (rc < 0)
+        rc = read_flags(argc, argv, &cfg, &cli);
+    if (rc < 0)
+        rc = check_flags(argc, argv, &cfg, &cli);
+    int have_job = cfg.job[0] != '\0';
+    if (rc < 0 && have_job)
+        rc = load_boot_job(argc, argv, &cfg, &cli, &job, &text);
+    if (rc < 0) {
+        install_signals();
+        rc = serve(&cfg, &cli, have_job ? &job : NULL, text);
+    }
+    free(text);
+    return rc;
 }

@@ -18,9 +18,9 @@
 #define MAX_SNAPSHOTS 16
 
 typedef struct {
-    float *data;       /* [count] */
-    atomic_int refs;   /* messages that still use it (released by ZeroMQ's I/O thread) */
-    uint64_t version;  /* the shard's version it holds */
+    float *data;      /* [count] */
+    atomic_int refs;  /* messages that still use it (released by ZeroMQ's I/O thread) */
+    uint64_t version; /* the shard's version it holds */
 } snapshot_t;
 
 struct omv_shard_thread {
@@ -36,6 +36,9 @@ struct omv_shard_thread {
     int n_snaps;
     float *scratch; /* [count] for a gradient whose bytes are not float-aligned */
     atomic_uint_fast64_t snapshots_made, serves;
+    /* Pulls answered with a copy of their own, and those copies freed by release_copy (on
+     * whichever thread closes the last message that holds one). */
+    atomic_uint_fast64_t copies_made, copies_freed;
     atomic_uint_fast64_t applies, summed; /* APPLY commands run; gradients added to sums */
     uint8_t extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 };
@@ -45,6 +48,17 @@ static void release_snapshot(void *data, void *hint)
     (void)data;
     snapshot_t *s = hint;
     atomic_fetch_sub_explicit(&s->refs, 1, memory_order_release);
+}
+
+/* A copy belongs to the one message that carries it: ZeroMQ calls this when it lets go of the
+ * message, and without it the copy would never be freed (zmq_msg_init_data leaves data that has
+ * no release function to the caller). The count is the last thing it touches of self, so once
+ * omv_shard_thread_in_flight has seen every copy freed, self may go. */
+static void release_copy(void *data, void *hint)
+{
+    omv_shard_thread_t *self = hint;
+    free(data);
+    atomic_fetch_add_explicit(&self->copies_freed, 1, memory_order_release);
 }
 
 /* A snapshot of the current version: the one already made, or a free one refreshed. NULL when
@@ -80,8 +94,8 @@ static void reply(omv_shard_thread_t *self, uint32_t type, const omv_shard_cmd_t
                   const void *peer, size_t peer_len, const void *env, size_t env_len,
                   omv_payload_t *payload)
 {
-    omv_shard_reply_t rep = {type, self->index, cmd->group, cmd->worker_id, cmd->step,
-                             (uint32_t)peer_len};
+    omv_shard_reply_t rep = {type,           self->index, cmd->group,
+                             cmd->worker_id, cmd->step,   (uint32_t)peer_len};
     if (peer_len)
         memcpy(self->extra, peer, peer_len);
     if (env_len)
@@ -119,8 +133,7 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
         } else if (omv_shard_accumulate(sh, cmd->group, grad) == 0) {
             self->counted[cmd->group]++;
             atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
-        }
-        else
+        } else
             omv_log_error("shard %u: no memory for group %u's sum; a gradient is dropped",
                           self->index, cmd->group);
     } else {
@@ -134,8 +147,8 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
 {
     omv_shard_t *sh = self->shard;
     omv_msg_t m = {.type = OMV_MSG_PARAMS};
-    m.u.params = (omv_params_t){cmd->step,       self->index,      sh->offset, sh->count,
-                                cmd->group,      cmd->slice_begin, cmd->slice_count, cmd->batch};
+    m.u.params = (omv_params_t){cmd->step,  self->index,      sh->offset,       sh->count,
+                                cmd->group, cmd->slice_begin, cmd->slice_count, cmd->batch};
     uint8_t env[1024];
     size_t env_len;
     if (omv_wire_encode(&m, env, sizeof(env), &env_len) < 0) {
@@ -147,19 +160,23 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
     int r;
     if (s != NULL) {
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
-        r = omv_payload_init_shared(&payload, s->data, sh->count * sizeof(float),
-                                    release_snapshot, s);
+        r = omv_payload_init_shared(&payload, s->data, sh->count * sizeof(float), release_snapshot,
+                                    s);
         if (r < 0)
             atomic_fetch_sub_explicit(&s->refs, 1, memory_order_relaxed);
     } else {
-        /* Every snapshot is still on its way out: this pull gets a copy of its own. */
+        /* Every snapshot is still on its way out: this pull gets a copy of its own, which
+         * release_copy frees when ZeroMQ is done with it. */
         float *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
-        r = copy ? 0 : -ENOMEM;
-        if (copy) {
+        r = -ENOMEM;
+        if (copy != NULL) {
             memcpy(copy, sh->params, sh->count * sizeof(float));
-            r = omv_payload_init_shared(&payload, copy, sh->count * sizeof(float), NULL, NULL);
-            (void)r;
-            /* ZeroMQ frees data with free() when no release function is given. */
+            r = omv_payload_init_shared(&payload, copy, sh->count * sizeof(float), release_copy,
+                                        self);
+            if (r < 0)
+                free(copy); /* ZeroMQ took nothing, so it will never call release_copy */
+            else
+                atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
         }
     }
     if (r < 0) {
@@ -230,13 +247,19 @@ static void *run(void *arg)
 {
     omv_shard_thread_t *self = arg;
     uint8_t peer[sizeof(((omv_peer_t *)0)->id)];
+    /* The ready signal (as CZMQ's zsock_signal): an empty message, which no reply is. It cannot
+     * fail while the router, whose context the pipe lives in, does; were it to fail anyway, the
+     * receive below fails the same way and the thread ends. */
+    int r = omv_pipe_send(self->mine, NULL, 0, NULL, 0, NULL);
+    if (r < 0)
+        omv_log_error("shard %u cannot signal that it is ready: %s", self->index, omv_strerror(r));
     for (;;) {
         omv_shard_cmd_t cmd;
         size_t len, peer_len;
         omv_payload_t payload;
         int has_payload;
-        int r = omv_pipe_recv(self->mine, &cmd, sizeof(cmd), &len, peer, sizeof(peer), &peer_len,
-                              &payload, &has_payload, -1);
+        r = omv_pipe_recv(self->mine, &cmd, sizeof(cmd), &len, peer, sizeof(peer), &peer_len,
+                          &payload, &has_payload, -1);
         if (r == -EINTR)
             continue;
         if (r < 0) {
@@ -254,8 +277,31 @@ static void *run(void *arg)
     return NULL;
 }
 
-omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shard,
-                                         uint32_t index, int threaded)
+/* Waits for the thread's ready signal on the loop end, so that the constructor returns with the
+ * thread in its loop (CZMQ's zactor does the same) and nothing else ever sees the signal.
+ * Returns 0 or a negative errno. */
+static int wait_ready(omv_shard_thread_t *self)
+{
+    for (;;) {
+        uint8_t cmd[sizeof(omv_shard_reply_t)], extra[1];
+        size_t len, extra_len;
+        omv_payload_t payload;
+        int has_payload;
+        int r = omv_pipe_recv(self->loop_end, cmd, sizeof(cmd), &len, extra, sizeof(extra),
+                              &extra_len, &payload, &has_payload, -1);
+        if (r == -EINTR)
+            continue;
+        if (r < 0)
+            return r;
+        if (has_payload)
+            omv_payload_close(&payload);
+        /* The thread has had no command yet, so its first message is the signal. */
+        return len == 0 ? 0 : -EPROTO;
+    }
+}
+
+omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shard, uint32_t index,
+                                         int threaded)
 {
     omv_shard_thread_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
@@ -267,6 +313,8 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     self->scratch = malloc((shard->count ? shard->count : 1) * sizeof(float));
     atomic_init(&self->snapshots_made, 0);
     atomic_init(&self->serves, 0);
+    atomic_init(&self->copies_made, 0);
+    atomic_init(&self->copies_freed, 0);
     atomic_init(&self->applies, 0);
     atomic_init(&self->summed, 0);
     int r = -ENOMEM;
@@ -281,6 +329,12 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     if (r < 0)
         goto fail;
     self->started = 1;
+    r = wait_ready(self);
+    if (r < 0) {
+        /* The caller logs the failure; the thread is told to end and joined first. */
+        omv_shard_thread_stop(self);
+        goto fail;
+    }
     return self;
 fail:
     /* The loop end stays with the router, which closes it. */
@@ -325,11 +379,14 @@ void omv_shard_thread_destroy(omv_shard_thread_t **self_p)
 
 int omv_shard_thread_in_flight(const omv_shard_thread_t *self)
 {
+    omv_shard_thread_t *me = (omv_shard_thread_t *)self;
     for (int i = 0; i < self->n_snaps; i++)
-        if (atomic_load_explicit(&((omv_shard_thread_t *)self)->snaps[i].refs,
-                                 memory_order_acquire) != 0)
+        if (atomic_load_explicit(&me->snaps[i].refs, memory_order_acquire) != 0)
             return 1;
-    return 0;
+    /* A copy's release function counts in self, so a copy in flight keeps self alive too. */
+    uint64_t made, freed;
+    omv_shard_thread_copies(self, &made, &freed);
+    return made != freed;
 }
 
 omv_pipe_t *omv_shard_thread_pipe(omv_shard_thread_t *self)
@@ -364,13 +421,24 @@ void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_appli
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,
                             uint64_t *ret_serves)
 {
-    *ret_snapshots = atomic_load_explicit(&((omv_shard_thread_t *)self)->snapshots_made,
-                                          memory_order_relaxed);
-    *ret_serves = atomic_load_explicit(&((omv_shard_thread_t *)self)->serves,
-                                       memory_order_relaxed);
+    *ret_snapshots =
+        atomic_load_explicit(&((omv_shard_thread_t *)self)->snapshots_made, memory_order_relaxed);
+    *ret_serves = atomic_load_explicit(&((omv_shard_thread_t *)self)->serves, memory_order_relaxed);
 }
 
 int omv_shard_thread_threaded(const omv_shard_thread_t *self)
 {
     return self->started;
+}
+
+void omv_shard_thread_copies(const omv_shard_thread_t *self, uint64_t *ret_made,
+                             uint64_t *ret_freed)
+{
+    omv_shard_thread_t *me = (omv_shard_thread_t *)self;
+    /* Freed first: a copy is counted made before the message that carries it is sent, so every
+     * copy whose release this load sees is counted in the load of made after it, and freed
+     * never runs ahead of made. */
+    uint64_t freed = atomic_load_explicit(&me->copies_freed, memory_order_acquire);
+    *ret_made = atomic_load_explicit(&me->copies_made, memory_order_relaxed);
+    *ret_freed = freed;
 }

@@ -20,8 +20,8 @@ typedef enum {
     OMV_SHARD_CMD_PUSH = 1, /* extra: the peer; payload: the gradient */
     OMV_SHARD_CMD_APPLY,
     OMV_SHARD_CMD_DISCARD,
-    OMV_SHARD_CMD_SERVE,  /* extra: the peer */
-    OMV_SHARD_CMD_GATHER, /* copy parameters (and momentum) out, then acknowledge */
+    OMV_SHARD_CMD_SERVE,   /* extra: the peer */
+    OMV_SHARD_CMD_GATHER,  /* copy parameters (and momentum) out, then acknowledge */
     OMV_SHARD_CMD_RESTORE, /* copy parameters and momentum in, then acknowledge */
     OMV_SHARD_CMD_QUIT,
 } omv_shard_cmd_type_t;
@@ -44,7 +44,7 @@ typedef struct {
 
 /* Replies, from the thread to the event loop. */
 typedef enum {
-    OMV_SHARD_REPLY_OUT = 1, /* extra: peer bytes then an encoded envelope; payload: params */
+    OMV_SHARD_REPLY_OUT = 1,    /* extra: peer bytes then an encoded envelope; payload: params */
     OMV_SHARD_REPLY_NOT_FINITE, /* a gradient had NaN or Inf: dropped; extra: the peer */
     OMV_SHARD_REPLY_ACK,        /* GATHER or RESTORE is done */
 } omv_shard_reply_type_t;
@@ -58,21 +58,23 @@ typedef struct {
     uint32_t peer_len; /* OUT, NOT_FINITE: how many bytes of extra are the peer's id */
 } omv_shard_reply_t;
 
-/* Starts the thread for shard `index`; the shard is the thread's until omv_shard_thread_stop.
- * With threaded 0 there is no thread: commands run at once on the sender's thread (for small
- * shards, where waking a thread costs more than the work), and replies still come through the
- * pipe, so the caller sees no difference. Returns NULL with errno set. */
-omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shard,
-                                         uint32_t index, int threaded);
+/* Starts the thread for shard `index` and returns once the thread has signalled that it is in
+ * its loop; the shard is the thread's until omv_shard_thread_stop. With threaded 0 there is no
+ * thread: commands run at once on the sender's thread (for small shards, where waking a thread
+ * costs more than the work), and replies still come through the pipe, so the caller sees no
+ * difference. Returns NULL with errno set. */
+omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shard, uint32_t index,
+                                         int threaded);
 
 /* Whether the shard has a thread of its own. */
 int omv_shard_thread_threaded(const omv_shard_thread_t *self);
 /* Tells the thread to quit and joins it; the shard is the caller's again. */
 void omv_shard_thread_stop(omv_shard_thread_t *self);
-/* Whether ZeroMQ holds one of the thread's snapshots (parameters on their way to a worker). */
+/* Whether ZeroMQ holds one of the thread's snapshots or copies (parameters on their way to a
+ * worker). */
 int omv_shard_thread_in_flight(const omv_shard_thread_t *self);
-/* Frees what is left; call once ZeroMQ holds no snapshot (omv_shard_thread_in_flight, or after
- * omv_router_destroy). */
+/* Frees what is left; call once ZeroMQ holds no snapshot or copy (omv_shard_thread_in_flight,
+ * or after omv_router_destroy), since their release functions still use self. */
 void omv_shard_thread_destroy(omv_shard_thread_t **self_p);
 
 /* The event loop's end of the thread's pipe (replies arrive there). */
@@ -92,3 +94,10 @@ void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_appli
  * how many pulls they answered, for status. */
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,
                             uint64_t *ret_serves);
+
+/* How many pulls were answered with a copy of their own because every snapshot was still in
+ * flight, and how many of those copies have been freed since (each when ZeroMQ lets go of the
+ * message that carries it, on whichever thread that is). Once no message holds a copy the two
+ * are equal; freed never exceeds made. Safe to call from any thread while self lives. */
+void omv_shard_thread_copies(const omv_shard_thread_t *self, uint64_t *ret_made,
+                             uint64_t *ret_freed);

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "daemon_priv.h"
+#include "timeline.h"
 #include "report.h"
 #include "testutil.h"
 
@@ -502,69 +502,92 @@ END_TEST
 
 /* ---- the daemon's timeline ---- */
 
-static void no_apply(void *ctx, uint32_t g, uint32_t s, uint32_t c)
-{
-    (void)ctx, (void)g, (void)s, (void)c;
-}
-static void no_advance(void *ctx, uint32_t g, uint64_t c)
-{
-    (void)ctx, (void)g, (void)c;
-}
-static void no_retire(void *ctx, uint32_t g)
-{
-    (void)ctx, (void)g;
-}
+/* Just what the timeline is fed, at `t` seconds of training. */
+typedef struct {
+    double t;
+    uint64_t images_total, steps_total;
+    float momentum, learning_rate;
+    omv_timeline_t tl;
+} fake_run_t;
 
-/* A daemon with just what the timeline reads, at `t` seconds of training. */
-static omv_daemon_t *fake_daemon(void)
+static fake_run_t *fake_run(void)
 {
-    omv_daemon_t *d = calloc(1, sizeof(*d));
+    fake_run_t *d = calloc(1, sizeof(*d));
     ck_assert_ptr_nonnull(d);
-    omv_groups_events_t ev = {no_apply, no_advance, no_retire, d};
-    d->groups = omv_groups_new(4, 1, 1, -1, &ev);
-    ck_assert_ptr_nonnull(d->groups);
-    snprintf(d->job.name, sizeof(d->job.name), "fake");
-    d->state = JOB_RUNNING;
-    d->train_count = 1000;
-    d->sgd = (omv_sgd_t){0.01f, 0.9f, 0};
-    d->start_s = 100;
-    d->train_end_s = 100; /* frozen clock: train seconds = train_end_s - start_s */
+    d->learning_rate = 0.01f;
+    d->momentum = 0.9f;
+    omv_timeline_init(&d->tl);
     return d;
 }
 
-static void at(omv_daemon_t *d, double t)
+static omv_timeline_now_t now_of(const fake_run_t *d)
 {
-    d->train_end_s = d->start_s + t;
+    return (omv_timeline_now_t){.train_s = d->t,
+                                .epoch = (double)d->images_total / 1000.0,
+                                .steps_total = d->steps_total,
+                                .images_total = d->images_total,
+                                .images_seen = d->images_total,
+                                .groups = 1,
+                                .momentum = d->momentum,
+                                .learning_rate = d->learning_rate};
 }
 
-static void free_daemon(omv_daemon_t *d)
+static void at(fake_run_t *d, double t)
 {
-    omv_daemon_timeline_reset(d);
-    omv_groups_destroy(&d->groups);
+    d->t = t;
+}
+
+static void tick(fake_run_t *d)
+{
+    omv_timeline_now_t n = now_of(d);
+    omv_timeline_tick(&d->tl, &n);
+}
+
+static void config(fake_run_t *d, const char *cause)
+{
+    omv_timeline_now_t n = now_of(d);
+    omv_timeline_config(&d->tl, &n, cause);
+}
+
+static void end(fake_run_t *d)
+{
+    omv_timeline_now_t n = now_of(d);
+    omv_timeline_end(&d->tl, &n);
+}
+
+static void start(fake_run_t *d)
+{
+    omv_timeline_now_t n = now_of(d);
+    omv_timeline_start(&d->tl, &n);
+}
+
+static void free_run(fake_run_t *d)
+{
+    omv_timeline_fini(&d->tl);
     free(d);
 }
 
 START_TEST(test_timeline)
 {
-    omv_daemon_t *d = fake_daemon();
-    omv_daemon_timeline_start(d);
-    ck_assert_uint_eq(d->timeline.n_changes, 1);
+    fake_run_t *d = fake_run();
+    start(d);
+    ck_assert_uint_eq(d->tl.n_changes, 1);
     /* Ten seconds of training ticked every 0.1 s: a point a second, with the interval's loss
      * and images. */
     for (int i = 1; i <= 100; i++) {
         at(d, i / 10.0); /* whole seconds exactly */
         d->images_total += 64;
         d->steps_total++;
-        omv_daemon_timeline_loss(d, 2.0);
-        omv_daemon_timeline_loss(d, 1.0);
+        omv_timeline_loss(&d->tl, 2.0);
+        omv_timeline_loss(&d->tl, 1.0);
         if (i == 55) {
-            d->sgd.learning_rate = 0.001f;
-            omv_daemon_timeline_config(d, "regroup");
-            omv_daemon_timeline_config(d, "regroup"); /* nothing changed since */
+            d->learning_rate = 0.001f;
+            config(d, "regroup");
+            config(d, "regroup"); /* nothing changed since */
         }
-        omv_daemon_timeline_tick(d);
+        tick(d);
     }
-    const timeline_t *tl = &d->timeline;
+    const omv_timeline_t *tl = &d->tl;
     ck_assert_uint_eq(tl->n_points, 10);
     ck_assert_uint_eq(tl->n_changes, 2);
     ck_assert_str_eq(tl->changes[1].cause, "regroup");
@@ -579,19 +602,20 @@ START_TEST(test_timeline)
     /* The end adds the last bit, once. */
     at(d, 10.5);
     d->images_total += 32;
-    omv_daemon_timeline_end(d);
-    omv_daemon_timeline_end(d);
+    end(d);
+    end(d);
     ck_assert_uint_eq(tl->n_points, 11);
     ck_assert(fabs(tl->points[10].images_per_s - 64) < 1e-6);
     ck_assert_uint_eq(tl->points[10].loss_n, 0);
 
     /* Its JSON is what the report reads. */
-    eval_point_t h = {0.5, 10.5, 0.875, 0.25};
-    d->history = &h;
-    d->n_history = 1;
+    omv_eval_t ev;
+    omv_eval_init(&ev, 0.5);
+    ck_assert_int_eq(omv_eval_add(&ev, 0.5, 10.5, 0.875, 0.25), 0);
+    omv_timeline_head_t head = {"fake", "running", 0.875, d->t, 0.5, &ev, NULL};
     omv_strbuf_t out;
     omv_strbuf_init(&out);
-    omv_daemon_timeline_report(d, &out, 1);
+    omv_timeline_report(&d->tl, &head, &out, 1);
     omv_report_t r;
     omv_report_init(&r);
     char err[256];
@@ -612,22 +636,21 @@ START_TEST(test_timeline)
     omv_report_fini(&r);
     /* And the people's form has a line per point. */
     omv_strbuf_clear(&out);
-    omv_daemon_timeline_report(d, &out, 0);
+    omv_timeline_report(&d->tl, &head, &out, 0);
     ck_assert_msg(has_text(omv_strbuf_str(&out), "\ntrain_points:11\n") &&
                       has_text(omv_strbuf_str(&out), "\ntrain_11:wall_seconds=10.5 ") &&
                       has_text(omv_strbuf_str(&out), "\nchange_2:wall_seconds=5.5 "),
                   "%s", omv_strbuf_str(&out));
     omv_strbuf_fini(&out);
-    d->history = NULL;
-    d->n_history = 0;
+    omv_eval_fini(&ev);
 
     /* Reset empties it for the next job. */
-    omv_daemon_timeline_reset(d);
+    omv_timeline_fini(&d->tl);
     ck_assert_uint_eq(tl->n_points, 0);
     ck_assert_ptr_null(tl->points);
-    omv_daemon_timeline_end(d); /* never started: nothing */
+    end(d); /* never started: nothing */
     ck_assert_uint_eq(tl->n_points, 0);
-    free_daemon(d);
+    free_run(d);
 }
 END_TEST
 
@@ -635,8 +658,8 @@ START_TEST(test_timeline_bounded)
 {
     /* A long job: the points never pass the bound; each thinning halves them and doubles the
      * interval, and merged points keep the totals (images, losses) of what they cover. */
-    omv_daemon_t *d = fake_daemon();
-    omv_daemon_timeline_start(d);
+    fake_run_t *d = fake_run();
+    start(d);
     double t = 0;
     uint64_t losses = 0;
     for (int i = 0; i < 3 * OMV_TIMELINE_MAX_POINTS; i++) {
@@ -644,12 +667,12 @@ START_TEST(test_timeline_bounded)
         at(d, t);
         d->images_total += 100;
         d->steps_total++;
-        omv_daemon_timeline_loss(d, 1.0);
+        omv_timeline_loss(&d->tl, 1.0);
         losses++;
-        omv_daemon_timeline_tick(d);
-        ck_assert_uint_lt(d->timeline.n_points, OMV_TIMELINE_MAX_POINTS);
+        tick(d);
+        ck_assert_uint_lt(d->tl.n_points, OMV_TIMELINE_MAX_POINTS);
     }
-    const timeline_t *tl = &d->timeline;
+    const omv_timeline_t *tl = &d->tl;
     ck_assert(tl->interval_s == 4.0);
     ck_assert_uint_ge(tl->n_points, OMV_TIMELINE_MAX_POINTS / 2);
     double images = 0, last = 0;
@@ -669,13 +692,13 @@ START_TEST(test_timeline_bounded)
 
     /* Changes are bounded too: the oldest are let go of and counted. */
     for (int i = 0; i < OMV_TIMELINE_MAX_CHANGES + 10; i++) {
-        d->sgd.momentum = i % 2 ? 0.9f : 0.3f;
-        omv_daemon_timeline_config(d, "optimizer");
+        d->momentum = i % 2 ? 0.9f : 0.3f;
+        config(d, "optimizer");
     }
     ck_assert_uint_le(tl->n_changes, OMV_TIMELINE_MAX_CHANGES);
     ck_assert_uint_gt(tl->changes_dropped, 0);
     ck_assert_uint_eq(tl->n_changes + tl->changes_dropped, OMV_TIMELINE_MAX_CHANGES + 10 + 1);
-    free_daemon(d);
+    free_run(d);
 }
 END_TEST
 

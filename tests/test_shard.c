@@ -1,10 +1,15 @@
 /* A parameter shard: SGD with momentum and weight decay against a hand computation, the mean over
- * contributors, per-group pending sums, and discarding. */
+ * contributors, per-group pending sums, and discarding; and its thread's answers to pulls once
+ * every snapshot is in flight. */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "router.h"
 #include "shard.h"
+#include "shard_thread.h"
 #include "testutil.h"
 
 /* The update as the header documents it, written out on its own in double. The test numbers are
@@ -219,6 +224,162 @@ START_TEST(test_discard)
 }
 END_TEST
 
+/* The thread keeps this many snapshots in flight before it answers a pull with a copy. */
+enum { SNAPSHOTS = 16, PULLS = SNAPSHOTS + 4, PULL_COUNT = 1000 };
+
+/* Pulls of PULLS distinct versions (a RESTORE before each), none of whose answers is closed until
+ * the last has come: the first SNAPSHOTS are answered from snapshots, the rest with copies of
+ * their own. Every answer must carry its own version's parameters, and closing the answers must
+ * free every copy, leaving nothing in flight. */
+static void pull_past_snapshots(int threaded)
+{
+    char dir[256], endpoint[300];
+    omv_test_tmpdir(dir, sizeof(dir));
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    omv_router_t *router = omv_router_new(endpoint);
+    ck_assert_ptr_nonnull(router);
+    static float params[PULL_COUNT], src[PULLS][PULL_COUNT];
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, params, 0, PULL_COUNT, 1), 0);
+    omv_shard_thread_t *t = omv_shard_thread_new(router, &sh, 0, threaded);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(omv_shard_thread_threaded(t), threaded);
+    omv_pipe_t *pipe = omv_shard_thread_pipe(t);
+
+    const omv_peer_t peer = {.id = "w0", .len = 2};
+    for (int v = 0; v < PULLS; v++) {
+        for (int i = 0; i < PULL_COUNT; i++)
+            src[v][i] = (float)v + (float)i * 0.5f;
+        const omv_shard_cmd_t restore = {.type = OMV_SHARD_CMD_RESTORE, .params_src = src[v]};
+        ck_assert_int_eq(omv_shard_thread_send(t, &restore, NULL, NULL), 0);
+        const omv_shard_cmd_t serve = {.type = OMV_SHARD_CMD_SERVE,
+                                       .step = (uint64_t)v,
+                                       .worker_id = 7,
+                                       .slice_count = 1,
+                                       .batch = 1};
+        ck_assert_int_eq(omv_shard_thread_send(t, &serve, &peer, NULL), 0);
+    }
+    uint64_t made, freed;
+    if (!threaded) {
+        /* The commands ran in the sends, and their answers wait in the pipe, each holding its
+         * snapshot or copy. */
+        omv_shard_thread_copies(t, &made, &freed);
+        ck_assert_uint_eq(made, PULLS - SNAPSHOTS);
+        ck_assert_uint_eq(freed, 0);
+    }
+
+    /* The answers leave the pipe but stay open, so they hold their buffers as the queued ones
+     * did, and the receives wait (with a timeout) for a thread to have answered them all. The
+     * first of them is a reply, not the thread's ready signal, which the constructor took. */
+    omv_payload_t out[PULLS];
+    int n_out = 0, acks = 0;
+    for (int k = 0; k < 2 * PULLS; k++) {
+        omv_shard_reply_t rep;
+        size_t len, extra_len, bytes;
+        uint8_t extra[sizeof(peer.id) + OMV_WIRE_MAX_ENVELOPE];
+        int has_payload;
+        ck_assert_int_lt(n_out, PULLS);
+        ck_assert_int_eq(omv_pipe_recv(pipe, &rep, sizeof(rep), &len, extra, sizeof(extra),
+                                       &extra_len, &out[n_out], &has_payload, 5000),
+                         0);
+        ck_assert_uint_eq(len, sizeof(rep));
+        if (rep.type == OMV_SHARD_REPLY_ACK) {
+            ck_assert_int_eq(has_payload, 0);
+            acks++;
+            continue;
+        }
+        ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_OUT);
+        ck_assert_int_eq(has_payload, 1);
+        ck_assert_uint_eq(rep.step, (uint64_t)n_out);
+        ck_assert_uint_eq(rep.peer_len, peer.len);
+        ck_assert_mem_eq(extra, peer.id, peer.len);
+        const float *data = omv_payload_data(&out[n_out], &bytes);
+        ck_assert_uint_eq(bytes, sizeof(src[n_out]));
+        ck_assert_mem_eq(data, src[n_out], bytes);
+        n_out++;
+    }
+    ck_assert_int_eq(acks, PULLS);
+    ck_assert_int_eq(n_out, PULLS);
+    {
+        omv_shard_reply_t rep;
+        size_t len, extra_len;
+        uint8_t extra[8];
+        omv_payload_t p;
+        int has_payload;
+        ck_assert_int_eq(omv_pipe_recv(pipe, &rep, sizeof(rep), &len, extra, sizeof(extra),
+                                       &extra_len, &p, &has_payload, 0),
+                         -EAGAIN);
+    }
+    uint64_t snapshots, serves;
+    omv_shard_thread_stats(t, &snapshots, &serves);
+    ck_assert_uint_eq(snapshots, SNAPSHOTS);
+    ck_assert_uint_eq(serves, PULLS);
+    omv_shard_thread_copies(t, &made, &freed);
+    ck_assert_uint_eq(made, PULLS - SNAPSHOTS);
+    ck_assert_uint_eq(freed, 0);
+    ck_assert_int_eq(omv_shard_thread_in_flight(t), 1);
+
+    for (int k = 0; k < n_out; k++)
+        omv_payload_close(&out[k]);
+    omv_shard_thread_copies(t, &made, &freed);
+    ck_assert_uint_eq(made, PULLS - SNAPSHOTS);
+    ck_assert_uint_eq(freed, made);
+    ck_assert_int_eq(omv_shard_thread_in_flight(t), 0);
+
+    omv_shard_thread_destroy(&t);
+    ck_assert_ptr_null(t);
+    omv_router_destroy(&router);
+    omv_shard_fini(&sh);
+    omv_test_rmdir(dir);
+}
+
+START_TEST(test_start_stop)
+{
+    /* Each start returns with the thread in its loop and its ready signal taken off the pipe,
+     * and each stop right after it (QUIT as the first command) joins the thread. */
+    char dir[256], endpoint[300];
+    omv_test_tmpdir(dir, sizeof(dir));
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    omv_router_t *router = omv_router_new(endpoint);
+    ck_assert_ptr_nonnull(router);
+    float params[4] = {0};
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, params, 0, 4, 1), 0);
+    for (int k = 0; k < 20; k++) {
+        omv_shard_thread_t *t = omv_shard_thread_new(router, &sh, 0, k % 2 == 0);
+        ck_assert_ptr_nonnull(t);
+        ck_assert_int_eq(omv_shard_thread_threaded(t), k % 2 == 0);
+        omv_shard_reply_t rep;
+        size_t len, extra_len;
+        uint8_t extra[8];
+        omv_payload_t p;
+        int has_payload;
+        ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(t), &rep, sizeof(rep), &len, extra,
+                                       sizeof(extra), &extra_len, &p, &has_payload, 0),
+                         -EAGAIN);
+        omv_shard_thread_destroy(&t);
+        ck_assert_ptr_null(t);
+        /* The loop ends stay with the router until it drops them, as the daemon does between
+         * jobs; 20 of them are well under OMV_PIPE_MAX. */
+    }
+    omv_router_destroy(&router);
+    omv_shard_fini(&sh);
+    omv_test_rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_pull_copies_threaded)
+{
+    pull_past_snapshots(1);
+}
+END_TEST
+
+START_TEST(test_pull_copies_unthreaded)
+{
+    pull_past_snapshots(0);
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -231,6 +392,11 @@ static Suite *shard_suite(void)
     tcase_add_test(tc, test_discard);
     tcase_add_test(tc, test_apply_one_is_sum_and_apply);
     suite_add_tcase(s, tc);
+    TCase *th = tcase_create("thread");
+    tcase_add_test(th, test_start_stop);
+    tcase_add_test(th, test_pull_copies_threaded);
+    tcase_add_test(th, test_pull_copies_unthreaded);
+    suite_add_tcase(s, th);
     return s;
 }
 

@@ -1,5 +1,5 @@
 /* Stale synchronous parallel, as a property: seeded simulations of compute groups whose workers
- * run at skewed speeds, leave and join (also half-way through a step), and push bad gradients,
+ * run at skewed speeds, leave and join (also half-way through a step), and make bad pushes,
  * checking at every model read that no update older than the staleness bound allows is missing,
  * that each update is applied once, and that the run never stalls. A failure names the variant,
  * the seed and the event. */
@@ -70,16 +70,17 @@ typedef struct {
 
 /* The properties checked; each violation is counted and the first of each kind kept. */
 enum {
-    V_OWN,     /* (a) a read misses an update of its own group from an earlier step */
-    V_BOUND,   /* (b) a read misses another live group's update older than step - s - 1 */
-    V_TWICE,   /* (c) an update (group, step, shard) was applied more than once */
-    V_LATE,    /* a push was accepted for an update already applied: its gradient is lost */
-    V_CONTRIB, /* apply's contributors differ from the counted pushes it gathered */
-    V_SETTLE,  /* every live member pushed a shard and it was not applied */
-    V_REFUSE,  /* a good push was refused or a bad one accepted, or a refusal changed state */
-    V_STALL,   /* live workers left with work and none of them may act */
-    V_TARGET,  /* a group with members did not reach the target step */
-    V_CLOCK,   /* clocks or member counts disagree with the workers' own view */
+    V_OWN,    /* (a) a read misses an update of its own group from an earlier step */
+    V_BOUND,  /* (b) a read misses another live group's update older than step - s - 1 */
+    V_TWICE,  /* (c) an update (group, step, shard) was applied more than once */
+    V_LATE,   /* a push was accepted for an update already applied: its gradient is lost */
+    V_GATHER, /* a shard was applied before every live member of the step pushed it, or with
+                 pushes of another step gathered */
+    V_SETTLE, /* every live member pushed a shard and it was not applied */
+    V_REFUSE, /* a good push was refused or a bad one accepted, or a refusal changed state */
+    V_STALL,  /* live workers left with work and none of them may act */
+    V_TARGET, /* a group with members did not reach the target step */
+    V_CLOCK,  /* clocks or member counts disagree with the workers' own view */
     V_COUNT
 };
 static const char *const v_names[V_COUNT] = {
@@ -87,7 +88,7 @@ static const char *const v_names[V_COUNT] = {
     "(b) staleness bound broken at read",
     "(c) update applied twice",
     "push accepted after its update was applied",
-    "contributors mismatch",
+    "applied without the step's pushes",
     "step not settled",
     "refusal",
     "stall (deadlock)",
@@ -103,14 +104,14 @@ typedef struct {
     sim_worker_t w[MAX_WORKERS];
     uint32_t n_workers;
     uint64_t event;
-    uint64_t steps;         /* target + 1: the second index of the per-step arrays */
-    uint8_t *started;       /* [group][step]: some member read the model for it */
-    uint8_t *abandoned;     /* [group][step]: the group retired during it; what was not applied
-                               never will be (unless the step is begun again) */
-    uint8_t *applied;       /* [group][step][shard]: times applied */
-    uint64_t *pend_step;    /* [group][shard]: step of the pushes gathered since the last apply */
-    uint32_t *pend_counted; /* [group][shard]: counted pushes gathered since the last apply */
-    uint64_t n_events_cb;   /* callbacks fired, to see that refusals change nothing */
+    uint64_t steps;        /* target + 1: the second index of the per-step arrays */
+    uint8_t *started;      /* [group][step]: some member read the model for it */
+    uint8_t *abandoned;    /* [group][step]: the group retired during it; what was not applied
+                              never will be (unless the step is begun again) */
+    uint8_t *applied;      /* [group][step][shard]: times applied */
+    uint64_t *pend_step;   /* [group][shard]: step of the pushes gathered since the last apply */
+    uint32_t *pend_pushes; /* [group][shard]: pushes gathered since the last apply */
+    uint64_t n_events_cb;  /* callbacks fired, to see that refusals change nothing */
     uint32_t v_count[V_COUNT];
     char v_first[V_COUNT][320];
     /* How much the run exercised, so that a run which tested nothing fails. */
@@ -150,13 +151,14 @@ static size_t gs_index(const sim_t *sim, uint32_t g, uint64_t step)
 
 /* ---- the groups' events ---- */
 
-static void on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors)
+static bool is_member(const sim_worker_t *x);
+
+static void on_apply(void *ctx, uint32_t group, uint32_t shard)
 {
     sim_t *sim = ctx;
     sim->n_events_cb++;
     uint64_t step = omv_groups_clock(sim->gs, group);
-    trace_line("  apply g%u step %llu shard %u x%u", group, (unsigned long long)step, shard,
-               contributors);
+    trace_line("  apply g%u step %llu shard %u", group, (unsigned long long)step, shard);
     if (step >= sim->steps) {
         violation(sim, V_CLOCK, "group %u applied shard %u of step %llu past the target", group,
                   shard, (unsigned long long)step);
@@ -167,15 +169,20 @@ static void on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contrib
         violation(sim, V_TWICE, "group %u step %llu shard %u applied %u times", group,
                   (unsigned long long)step, shard, *a);
     size_t p = (size_t)group * sim->cfg.shards + shard;
-    if (sim->pend_counted[p] > 0 && sim->pend_step[p] != step)
-        violation(sim, V_CONTRIB, "group %u shard %u applied as step %llu with pushes of step %llu",
+    if (sim->pend_pushes[p] > 0 && sim->pend_step[p] != step)
+        violation(sim, V_GATHER, "group %u shard %u applied as step %llu with pushes of step %llu",
                   group, shard, (unsigned long long)step, (unsigned long long)sim->pend_step[p]);
-    if (contributors != sim->pend_counted[p])
-        violation(sim, V_CONTRIB,
-                  "group %u step %llu shard %u applied with %u contributors, %u "
-                  "counted pushes gathered",
-                  group, (unsigned long long)step, shard, contributors, sim->pend_counted[p]);
-    sim->pend_counted[p] = 0;
+    sim->pend_pushes[p] = 0;
+    /* An update is due only when every live member of the step has pushed the shard (a leaver
+     * is W_OFF by now, a newcomer W_JOIN): one applied earlier would miss a gradient. */
+    for (uint32_t i = 0; i < sim->n_workers; i++) {
+        const sim_worker_t *x = &sim->w[i];
+        if (is_member(x) && x->group == group &&
+            !(x->push_step == step && (x->pushed_mask >> shard & 1u)))
+            violation(sim, V_GATHER,
+                      "group %u step %llu shard %u applied before worker %u pushed it", group,
+                      (unsigned long long)step, shard, i);
+    }
 }
 
 static void promote_joiners(sim_t *sim, uint32_t g);
@@ -209,7 +216,7 @@ static void on_retire(void *ctx, uint32_t group)
         sim->abandoned[gs_index(sim, group, c)] = 1;
     /* The daemon discards the pending sums: those pushes will be in no update. */
     for (uint32_t sh = 0; sh < sim->cfg.shards; sh++)
-        sim->pend_counted[(size_t)group * sim->cfg.shards + sh] = 0;
+        sim->pend_pushes[(size_t)group * sim->cfg.shards + sh] = 0;
 }
 
 /* ---- the workers' view ---- */
@@ -334,7 +341,7 @@ static void bad_push(sim_t *sim, uint32_t slot, uint64_t step, uint32_t shard, o
     else if (why[0] == '\0')
         violation(sim, V_REFUSE, "%s refused without a reason", what);
     if (r == OMV_REFUSE_NONE)
-        omv_groups_record_push(sim->gs, slot, shard, true); /* as the daemon would */
+        omv_groups_record_push(sim->gs, slot, shard); /* as the daemon would */
     bool same = sim->n_events_cb == cb;
     for (uint32_t g = 0; g < sim->cfg.groups; g++)
         same = same && clocks[g] == omv_groups_clock(sim->gs, g);
@@ -367,11 +374,10 @@ static void do_push(sim_t *sim, uint32_t i)
     sim_worker_t *w = &sim->w[i];
     maybe_bad_push(sim, i);
     uint32_t g = w->group, sh = w->order[w->next];
-    bool counted = omv_rng_below(&sim->rng, 16) != 0; /* now and then a NaN gradient */
     char why[OMV_WIRE_REASON_MAX] = "";
     omv_refuse_t r = omv_groups_check_push(sim->gs, i, w->step, sh, why);
-    trace_line("%llu: w%u push g%u step %llu shard %u%s: %d", (unsigned long long)sim->event, i, g,
-               (unsigned long long)w->step, sh, counted ? "" : " (not counted)", (int)r);
+    trace_line("%llu: w%u push g%u step %llu shard %u: %d", (unsigned long long)sim->event, i, g,
+               (unsigned long long)w->step, sh, (int)r);
     sim->pushes++;
     if (r != OMV_REFUSE_NONE) {
         violation(sim, V_REFUSE, "worker %u of group %u: push of step %llu shard %u refused: %s", i,
@@ -382,13 +388,13 @@ static void do_push(sim_t *sim, uint32_t i)
                       "worker %u of group %u: push of step %llu shard %u accepted "
                       "after that shard was applied",
                       i, g, (unsigned long long)w->step, sh);
-        } else if (counted) {
+        } else {
             size_t p = (size_t)g * sim->cfg.shards + sh;
             sim->pend_step[p] = w->step;
-            sim->pend_counted[p]++;
+            sim->pend_pushes[p]++;
         }
         w->pushed_mask |= 1u << sh;
-        omv_groups_record_push(sim->gs, i, sh, counted);
+        omv_groups_record_push(sim->gs, i, sh);
     }
     if (++w->next == sim->cfg.shards) {
         w->state = W_WAIT;
@@ -637,9 +643,8 @@ static void sim_run(sim_t *sim, const sim_cfg_t *cfg, uint64_t seed)
     sim->abandoned = calloc(n_gs, 1);
     sim->applied = calloc(n_gs * cfg->shards, 1);
     sim->pend_step = calloc((size_t)cfg->groups * cfg->shards, sizeof(uint64_t));
-    sim->pend_counted = calloc((size_t)cfg->groups * cfg->shards, sizeof(uint32_t));
-    ck_assert(sim->started && sim->abandoned && sim->applied && sim->pend_step &&
-              sim->pend_counted);
+    sim->pend_pushes = calloc((size_t)cfg->groups * cfg->shards, sizeof(uint32_t));
+    ck_assert(sim->started && sim->abandoned && sim->applied && sim->pend_step && sim->pend_pushes);
     omv_rng_init(&sim->rng, seed);
     omv_groups_events_t ev = {on_apply, on_advance, on_retire, sim};
     sim->gs = omv_groups_new(sim->n_workers, cfg->groups, cfg->shards, cfg->staleness, &ev);
@@ -732,7 +737,7 @@ static void sim_run(sim_t *sim, const sim_cfg_t *cfg, uint64_t seed)
     free(sim->abandoned);
     free(sim->applied);
     free(sim->pend_step);
-    free(sim->pend_counted);
+    free(sim->pend_pushes);
 }
 
 /* Every violation, one line per kind, with the variant and seed to reproduce it. */
@@ -884,7 +889,7 @@ START_TEST(test_rejoin_at_slowest_clock)
                 continue; /* group 1 stays at 5, group 0 goes to 6 */
             ck_assert(omv_groups_may_begin(g, i, step));
             ck_assert_int_eq(omv_groups_check_push(g, i, step, 0, why), OMV_REFUSE_NONE);
-            omv_groups_record_push(g, i, 0, true);
+            omv_groups_record_push(g, i, 0);
         }
     }
     ck_assert_uint_eq(omv_groups_clock(g, 0), 6);
@@ -895,13 +900,13 @@ START_TEST(test_rejoin_at_slowest_clock)
     ck_assert(omv_groups_may_begin(g, 2, 5));
     ck_assert(omv_groups_may_begin(g, 0, 6)); /* 6 - 1 - 1 = 4: done by everyone */
     ck_assert_int_eq(omv_groups_check_push(g, 0, 6, 0, why), OMV_REFUSE_NONE);
-    omv_groups_record_push(g, 0, 0, true);
+    omv_groups_record_push(g, 0, 0);
     ck_assert(!omv_groups_may_begin(g, 0, 7)); /* groups 1 and 2 have not finished 5 */
     ck_assert_int_eq(omv_groups_check_push(g, 2, 5, 0, why), OMV_REFUSE_NONE);
-    omv_groups_record_push(g, 2, 0, true);
+    omv_groups_record_push(g, 2, 0);
     ck_assert(!omv_groups_may_begin(g, 0, 7)); /* group 1 has not */
     ck_assert_int_eq(omv_groups_check_push(g, 1, 5, 0, why), OMV_REFUSE_NONE);
-    omv_groups_record_push(g, 1, 0, true);
+    omv_groups_record_push(g, 1, 0);
     ck_assert(omv_groups_may_begin(g, 0, 7));
     /* Group 0 alone runs on; group 2, empty again at 6, comes back at group 0's 9. */
     omv_groups_leave(g, 1);
@@ -909,7 +914,7 @@ START_TEST(test_rejoin_at_slowest_clock)
     for (uint64_t step = 7; step < 9; step++) {
         ck_assert(omv_groups_may_begin(g, 0, step));
         ck_assert_int_eq(omv_groups_check_push(g, 0, step, 0, why), OMV_REFUSE_NONE);
-        omv_groups_record_push(g, 0, 0, true);
+        omv_groups_record_push(g, 0, 0);
     }
     ck_assert_int_eq(omv_groups_join(g, 2, 2), 0);
     ck_assert_uint_eq(omv_groups_clock(g, 2), 9);
@@ -920,19 +925,22 @@ END_TEST
 
 /* ---- the mid-step membership rules, step by step ---- */
 
-/* What the groups object fired: applies per [group][step][shard], the contributors they were
- * applied with, advances and retires. Steps come from the groups' own clock. */
+/* What the groups object fired: applies per [group][step][shard], advances and retires. Steps
+ * come from the groups' own clock. rec_accepted counts the pushes accepted per
+ * [group][step][shard]; rec_gathered is what it was when the shard was applied, so a push
+ * accepted after its update shows as a difference. */
 static omv_groups_t *rec_gs;
-static uint32_t rec_applies[1][4][2], rec_contributors[1][4][2], rec_advances, rec_retires;
+static uint32_t rec_applies[1][4][2], rec_advances, rec_retires;
+static uint32_t rec_accepted[1][4][2], rec_gathered[1][4][2];
 
-static void rec_on_apply(void *ctx, uint32_t group, uint32_t shard, uint32_t contributors)
+static void rec_on_apply(void *ctx, uint32_t group, uint32_t shard)
 {
     (void)ctx;
     uint64_t step = omv_groups_clock(rec_gs, group);
     ck_assert_uint_eq(group, 0);
     ck_assert_uint_lt(step, 4);
     rec_applies[group][step][shard]++;
-    rec_contributors[group][step][shard] += contributors;
+    rec_gathered[group][step][shard] = rec_accepted[group][step][shard];
 }
 
 static void rec_on_advance(void *ctx, uint32_t group, uint64_t clock)
@@ -955,7 +963,8 @@ static omv_groups_t *rec_make(uint32_t slots)
 {
     omv_groups_events_t ev = {rec_on_apply, rec_on_advance, rec_on_retire, NULL};
     memset(rec_applies, 0, sizeof(rec_applies));
-    memset(rec_contributors, 0, sizeof(rec_contributors));
+    memset(rec_accepted, 0, sizeof(rec_accepted));
+    memset(rec_gathered, 0, sizeof(rec_gathered));
     rec_advances = rec_retires = 0;
     rec_gs = omv_groups_new(slots, 1, 2, 0, &ev);
     ck_assert_ptr_nonnull(rec_gs);
@@ -967,10 +976,13 @@ static omv_refuse_t rec_push(omv_groups_t *g, uint32_t slot, uint64_t step, uint
 {
     char why[OMV_WIRE_REASON_MAX] = "";
     omv_refuse_t r = omv_groups_check_push(g, slot, step, shard, why);
-    if (r == OMV_REFUSE_NONE)
-        omv_groups_record_push(g, slot, shard, true);
-    else
+    if (r == OMV_REFUSE_NONE) {
+        ck_assert_uint_lt(step, 4);
+        rec_accepted[omv_groups_of(g, slot)][step][shard]++; /* before it can fire apply */
+        omv_groups_record_push(g, slot, shard);
+    } else {
         ck_assert_msg(why[0] != '\0', "refused without a reason");
+    }
     return r;
 }
 
@@ -1024,15 +1036,17 @@ START_TEST(test_emptied_before_apply_keeps_the_step)
     ck_assert_uint_eq(omv_groups_clock(g, 0), 0);
     ck_assert_int_eq(omv_groups_join(g, 1, 0), 0);
     ck_assert(omv_groups_may_begin(g, 0, 0));
-    ck_assert_int_eq(rec_push(g, 1, 0, 0), OMV_REFUSE_NONE);
     ck_assert_int_eq(rec_push(g, 1, 0, 1), OMV_REFUSE_NONE);
+    /* Slot 0's push of shard 0 went with the retire: it does not stand in for slot 1's. */
+    ck_assert_uint_eq(rec_applies[0][0][0], 0);
+    ck_assert_uint_eq(rec_applies[0][0][1], 1);
+    ck_assert_int_eq(rec_push(g, 1, 0, 0), OMV_REFUSE_NONE);
     uint64_t clock = omv_groups_clock(g, 0);
     omv_groups_destroy(&g);
     ck_assert_uint_eq(clock, 1);
     ck_assert_uint_eq(rec_advances, 1);
     ck_assert_uint_eq(rec_applies[0][0][0], 1);
     ck_assert_uint_eq(rec_applies[0][0][1], 1);
-    ck_assert_uint_eq(rec_contributors[0][0][0], 1); /* slot 0's push went with the retire */
 }
 END_TEST
 
@@ -1110,18 +1124,18 @@ START_TEST(test_join_mid_step_starts_with_the_next_step)
     ck_assert_uint_eq(clock, 2);
     ck_assert_uint_eq(rec_advances, 2);
     for (uint32_t step = 0; step < 2; step++) {
-        uint32_t into = 0;
+        uint32_t gathered = 0;
         for (uint32_t sh = 0; sh < 2; sh++) {
             ck_assert_uint_eq(rec_applies[0][step][sh], 1);
-            into += rec_contributors[0][step][sh];
+            gathered += rec_gathered[0][step][sh];
         }
-        ck_assert_msg(accepted[step] == into,
-                      "%u gradients of step %u accepted, %u went into its updates", accepted[step],
-                      step, into);
+        ck_assert_msg(accepted[step] == gathered,
+                      "%u gradients of step %u accepted, %u before their shard was applied",
+                      accepted[step], step, gathered);
     }
     ck_assert_uint_eq(accepted[0], 4);
     ck_assert_uint_eq(accepted[1], 6);
-    ck_assert_uint_eq(rec_contributors[0][1][0], 3); /* the newcomer's gradient is in step 1 */
+    ck_assert_uint_eq(rec_gathered[0][1][0], 3); /* the newcomer's gradient is in step 1 */
 }
 END_TEST
 

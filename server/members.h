@@ -1,0 +1,89 @@
+/* The daemon's member records: every worker that registered (trainers and evaluators), by id,
+ * kept between jobs so that a worker keeps its id; lookup by id and peer, counts, and how the
+ * training set is divided among the live trainers. Knows nothing of groups or jobs. */
+#pragma once
+
+#include <stdint.h>
+
+#include "router.h"
+#include "wire.h"
+
+/* MEMBER_IDLE: registered while there is no job to run (it waits for the next one);
+ * MEMBER_DONE: a record of a finished job, whose worker was told to register again. */
+typedef enum { MEMBER_ALIVE, MEMBER_DEAD, MEMBER_LEFT, MEMBER_IDLE, MEMBER_DONE } member_state_t;
+
+#define OMV_MEMBERS_MAX 1024
+
+typedef struct {
+    int used;
+    member_state_t state;
+    omv_peer_t peer;
+    omv_peer_t job_peer; /* the peer it had in the previous job (it keeps its id between jobs);
+                          * what that connection still sends is dropped */
+    omv_role_t role;
+    uint32_t slot; /* trainers: their slot in the run's groups */
+    char host[64];
+    char name[64]; /* the worker's --name; may be empty */
+    uint32_t pid;
+    uint32_t previous_id; /* the id it had before it rejoined; 0 for a first registration */
+    int64_t joined_ms, last_seen_ms;
+    uint64_t steps;  /* steps pushed */
+    uint64_t images; /* images pushed */
+    float last_compute_ms;
+    uint32_t slice_begin, slice_count; /* its part of the training set now */
+    int parked;                        /* a pull is waiting */
+    uint64_t parked_step;
+    int served;         /* it was sent parameters at least once */
+    uint64_t served_step; /* the step it was last sent parameters for */
+} member_t;
+
+/* Ids are index + 1. Ids are not reused while never-used records remain, so a late message from
+ * a dead worker cannot pass for another. The fields are for reading; change records through the
+ * functions below or as the owner of a record (the run, for a trainer in its job). */
+typedef struct {
+    member_t *records; /* [max] */
+    uint32_t max, n;   /* n: records in use or used once (the highest id) */
+    uint64_t joins_total, leaves_total, deaths_total, rejoins_total;
+} omv_members_t;
+
+/* Returns NULL with errno set. Caller owns; omv_members_destroy. */
+omv_members_t *omv_members_new(uint32_t max);
+void omv_members_destroy(omv_members_t **self_p);
+
+static inline uint32_t omv_members_id(const omv_members_t *self, const member_t *m)
+{
+    return (uint32_t)(m - self->records) + 1;
+}
+
+/* The record with id, or NULL when there is none such. */
+member_t *omv_members_get(omv_members_t *self, uint32_t id);
+
+/* The live (or idle) member with id that registered from peer, or NULL. */
+member_t *omv_members_find(omv_members_t *self, const omv_peer_t *peer, uint32_t id);
+
+/* Whether id is the record of a finished job's worker at peer: it was told to register again,
+ * and what it sent before it heard is dropped without a word. */
+int omv_members_from_finished_job(const omv_members_t *self, const omv_peer_t *peer, uint32_t id);
+
+/* Makes the record for a Hello from peer: the worker's own record when it registers again
+ * between jobs (it keeps its id), else a never-used one, else the oldest of a member that is
+ * gone. The record is ALIVE, or IDLE when idle is set. *ret_rejoin says whether it rejoins
+ * after a fault (it names an id it had, but not between jobs). Returns NULL when every record
+ * is taken. */
+member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, const omv_hello_t *h,
+                               int idle, int *ret_rejoin);
+
+/* Live trainers, and members that wait for a job. */
+int omv_members_live_trainers(const omv_members_t *self);
+int omv_members_idle(const omv_members_t *self);
+
+/* Divides train_count images among the live trainers in order of id, as if there were parts
+ * of them (parts >= live trainers; 0: nothing changes). */
+void omv_members_assign_slices(omv_members_t *self, uint32_t train_count, uint32_t parts);
+
+/* Sends Stop (reconnect: register again) to every member in state `from` and moves it to
+ * `to` (to == from: sends only). */
+void omv_members_stop_all(omv_members_t *self, omv_router_t *router, member_state_t from,
+                          member_state_t to, const char *reason, int reconnect);
+
+const char *omv_members_state_name(const member_t *m);

@@ -1,0 +1,218 @@
+/* Messages from workers: registration, leaving, heartbeats, and routing the rest to the run. */
+#define OMV_LOG_TAG "daemon"
+#include "messages.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+/* Messages handled per drain before the loop looks at its other sockets. */
+#define DRAIN_MAX 1024
+/* Without a job, idle workers are held to the default worker_timeout_s. */
+#define IDLE_TIMEOUT_MS 10000
+
+static void send_to(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg)
+{
+    int r = omv_router_send(d->router, peer, msg, NULL);
+    if (r < 0)
+        omv_log_debug("cannot send %s: %s", omv_msg_name(msg->type), omv_strerror(r));
+}
+
+static int job_open(const omv_daemon_t *d)
+{
+    return d->run && !OMV_JOB_OVER(d->run->state) && d->run->state != JOB_FINISHING;
+}
+
+/* Checks a Hello before any record is made. Returns 1 when it may register. */
+static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h,
+                      const char *who)
+{
+    char why[OMV_WIRE_REASON_MAX];
+    if (h->protocol_version != OMV_PROTOCOL_VERSION) {
+        snprintf(why, sizeof(why),
+                 "protocol version %u is not supported: this daemon speaks version %d",
+                 h->protocol_version, OMV_PROTOCOL_VERSION);
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_VERSION, who, why);
+        return 0;
+    }
+    if (!job_open(d) && d->cfg.once) {
+        /* Nothing to do for it: tell it so rather than leave it waiting. */
+        omv_msg_t s = {.type = OMV_MSG_STOP};
+        snprintf(s.u.stop.reason, sizeof(s.u.stop.reason), "job '%s' is %s",
+                 d->run ? d->run->job.name : "",
+                 omv_run_state_names[d->run ? d->run->state : JOB_IDLE]);
+        send_to(d, peer, &s);
+        return 0;
+    }
+    omv_refuse_t code;
+    if (job_open(d) && !omv_run_may_join(d->run, h->role, why, sizeof(why), &code)) {
+        omv_refusals_add(&d->refusals, peer, code, who, why);
+        return 0;
+    }
+    return 1;
+}
+
+static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h)
+{
+    char who[128];
+    snprintf(who, sizeof(who), "\"%s\" pid %u", h->hostname, h->pid);
+    if (!hello_fits(d, peer, h, who))
+        return;
+    /* A long-running daemon without a job keeps it until a job comes (Stop with reconnect). */
+    int idle = !job_open(d);
+    int rejoin;
+    member_t *m = omv_members_register(d->members, peer, h, idle, &rejoin);
+    if (m == NULL) {
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_FULL, who, "no member record is free");
+        return;
+    }
+    omv_msg_t w = {.type = OMV_MSG_WELCOME};
+    w.u.welcome.protocol_version = OMV_PROTOCOL_VERSION;
+    w.u.welcome.worker_id = omv_members_id(d->members, m);
+    if (idle) {
+        w.u.welcome.idle = 1;
+        omv_log_info("%s %u (%s) registered; no job to run: it waits for the next one",
+                     h->role == OMV_ROLE_TRAINER ? "worker" : "evaluator",
+                     w.u.welcome.worker_id, who);
+        send_to(d, peer, &w);
+        return;
+    }
+    omv_run_join(d->run, m, rejoin, who, &w.u.welcome);
+    send_to(d, peer, &w);
+    omv_run_joined(d->run);
+}
+
+static void on_leave(omv_daemon_t *d, member_t *m, const omv_leave_t *l)
+{
+    omv_log_info("worker %u (\"%s\" pid %u) left: \"%s\"", omv_members_id(d->members, m), m->host,
+                 m->pid, l->reason);
+    d->members->leaves_total++;
+    if (d->run)
+        omv_run_member_gone(d->run, m, MEMBER_LEFT);
+    else
+        m->state = MEMBER_LEFT;
+}
+
+/* The worker id a message names; 0 for a Hello, -1 for a message no worker may send. */
+static int64_t message_worker(const omv_msg_t *msg)
+{
+    switch (msg->type) {
+    case OMV_MSG_HELLO:
+        return 0;
+    case OMV_MSG_PULL:
+        return msg->u.pull.worker_id;
+    case OMV_MSG_PUSH:
+        return msg->u.push.worker_id;
+    case OMV_MSG_HEARTBEAT:
+        return msg->u.heartbeat.worker_id;
+    case OMV_MSG_EVAL_RESULT:
+        return msg->u.eval_result.worker_id;
+    case OMV_MSG_LEAVE:
+        return msg->u.leave.worker_id;
+    default:
+        return -1;
+    }
+}
+
+/* The member a message comes from, or NULL when it was refused or dropped. */
+static member_t *sender(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg,
+                        uint32_t id)
+{
+    member_t *m = omv_members_find(d->members, peer, id);
+    char why[OMV_WIRE_REASON_MAX];
+    if (m == NULL) {
+        if (msg->type == OMV_MSG_LEAVE || omv_members_from_finished_job(d->members, peer, id))
+            return NULL; /* gone already */
+        snprintf(why, sizeof(why),
+                 "%s from worker id %u, which is not registered from this peer (or was declared "
+                 "dead): register again",
+                 omv_msg_name(msg->type), id);
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_UNKNOWN_WORKER, "a peer", why);
+        return NULL;
+    }
+    m->last_seen_ms = omv_time_ms();
+    if (m->state == MEMBER_IDLE && msg->type != OMV_MSG_HEARTBEAT &&
+        msg->type != OMV_MSG_LEAVE) {
+        omv_log_debug("dropped %s from idle worker %u", omv_msg_name(msg->type), id);
+        return NULL;
+    }
+    return m;
+}
+
+static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg)
+{
+    int64_t id = message_worker(msg);
+    if (id < 0) {
+        char why[OMV_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why), "a worker may not send %s", omv_msg_name(msg->type));
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_MALFORMED, "a peer", why);
+        return;
+    }
+    if (msg->type == OMV_MSG_HELLO) {
+        on_hello(d, peer, &msg->u.hello);
+        return;
+    }
+    member_t *m = sender(d, peer, msg, (uint32_t)id);
+    if (m == NULL)
+        return;
+    if (msg->type == OMV_MSG_LEAVE) {
+        on_leave(d, m, &msg->u.leave);
+    } else if (msg->type == OMV_MSG_HEARTBEAT) {
+        /* Answered, so that a waiting worker knows the daemon is alive. */
+        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+        hb.u.heartbeat.worker_id = (uint32_t)id;
+        send_to(d, &m->peer, &hb);
+    } else if (d->run == NULL) {
+        /* An alive member always belongs to a run. */
+    } else if (msg->type == OMV_MSG_PULL) {
+        omv_run_pull(d->run, m, &msg->u.pull);
+    } else if (msg->type == OMV_MSG_PUSH) {
+        omv_run_push(d->run, m, &msg->u.push);
+    } else {
+        omv_run_eval_result(d->run, m, &msg->u.eval_result);
+    }
+}
+
+void omv_messages_drain(omv_daemon_t *d)
+{
+    for (int n = 0; n < DRAIN_MAX; n++) {
+        omv_peer_t peer;
+        omv_msg_t msg;
+        char why[OMV_WIRE_REASON_MAX];
+        int r = omv_router_recv(d->router, &peer, &msg, why);
+        if (r == -EAGAIN || r == -EINTR)
+            break;
+        if (r == -EPROTO) {
+            omv_refusals_add(&d->refusals, &peer, OMV_REFUSE_MALFORMED, "a peer", why);
+            continue;
+        }
+        if (r < 0) {
+            omv_log_error("receive failed: %s", omv_strerror(r));
+            break;
+        }
+        on_message(d, &peer, &msg);
+    }
+}
+
+void omv_messages_expire(omv_daemon_t *d)
+{
+    int64_t now = omv_time_ms();
+    int64_t timeout = d->run ? omv_run_worker_timeout_ms(d->run) : IDLE_TIMEOUT_MS;
+    int job_on = d->run && !OMV_JOB_OVER(d->run->state);
+    for (uint32_t i = 0; i < d->members->n; i++) {
+        member_t *m = &d->members->records[i];
+        if (!((m->state == MEMBER_ALIVE && job_on) || m->state == MEMBER_IDLE) ||
+            now - m->last_seen_ms <= timeout)
+            continue;
+        omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1, m->host,
+                     m->pid, (double)(now - m->last_seen_ms) / 1000.0);
+        d->members->deaths_total++;
+        if (d->run)
+            omv_run_member_gone(d->run, m, MEMBER_DEAD);
+        else
+            m->state = MEMBER_DEAD;
+    }
+}

@@ -1,0 +1,34 @@
+/* Refusals: answered, logged while they are few, counted. */
+#define OMV_LOG_TAG "daemon"
+#include "refusals.h"
+
+#include "log.h"
+
+/* Refusals of one kind logged before the rest are only counted. */
+#define REFUSALS_LOGGED 10
+
+void omv_refusals_init(omv_refusals_t *self, omv_router_t *router)
+{
+    *self = (omv_refusals_t){.router = router};
+}
+
+void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t code,
+                      const char *who, const char *reason)
+{
+    uint64_t n = ++self->counts[code];
+    if (n <= REFUSALS_LOGGED)
+        omv_log_warn("refused %s from %s: %s%s", omv_refuse_name(code), who, reason,
+                     n == REFUSALS_LOGGED ? " (further refusals of this kind are only counted)"
+                                          : "");
+    omv_msg_t e;
+    omv_wire_error(&e, code, "%s", reason);
+    omv_router_send(self->router, peer, &e, NULL);
+}
+
+uint64_t omv_refusals_total(const omv_refusals_t *self)
+{
+    uint64_t total = 0;
+    for (int i = 1; i < OMV_REFUSE_COUNT_; i++)
+        total += self->counts[i];
+    return total;
+}

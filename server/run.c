@@ -1,0 +1,999 @@
+/* One job's run: its making and freeing, pulls, pushes and applies, evaluation, checkpoints,
+ * changes between steps, and the job's lifecycle from waiting to done. */
+#define OMV_LOG_TAG "daemon"
+#include "run.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dataset.h"
+#include "log.h"
+#include "util.h"
+
+const char *const omv_run_state_names[] = {"waiting", "running", "finishing", "done",
+                                           "failed",  "stopped", "idle"};
+
+static void finish_stop(omv_run_t *r);
+
+/* ---- reading ---- */
+
+double omv_run_epoch(const omv_run_t *r)
+{
+    return r->train_count ? (double)r->images_total / (double)r->train_count : 0.0;
+}
+
+double omv_run_train_seconds(const omv_run_t *r)
+{
+    if (r->start_s == 0)
+        return r->train_s_before;
+    double end = r->train_end_s > 0 ? r->train_end_s : omv_time_s();
+    return r->train_s_before + (end - r->start_s);
+}
+
+double omv_run_wall_seconds(const omv_run_t *r)
+{
+    if (r->start_s == 0)
+        return r->train_s_before;
+    return r->train_s_before + (r->end_s > 0 ? r->end_s : omv_time_s()) - r->start_s;
+}
+
+double omv_run_images_per_second(const omv_run_t *r)
+{
+    double s = omv_run_train_seconds(r);
+    return s > 0 ? (double)r->images_total / s : 0.0;
+}
+
+int omv_run_live_trainers(const omv_run_t *r)
+{
+    return omv_members_live_trainers(r->env.members);
+}
+
+int64_t omv_run_worker_timeout_ms(const omv_run_t *r)
+{
+    return (int64_t)(r->job.worker_timeout_s * 1000);
+}
+
+static omv_timeline_now_t timeline_now(const omv_run_t *r)
+{
+    return (omv_timeline_now_t){
+        .train_s = omv_run_train_seconds(r),
+        .epoch = omv_run_epoch(r),
+        .steps_total = r->steps_total,
+        .images_total = r->images_total,
+        .images_seen = r->images_total + omv_tuner_probe_images(r->tuner),
+        .groups = omv_groups_count(r->groups),
+        .momentum = r->sgd.momentum,
+        .learning_rate = r->sgd.learning_rate,
+        .probing = omv_tuner_probing(r->tuner),
+    };
+}
+
+/* ---- the optimizer ---- */
+
+static void tuner_poll(omv_run_t *r)
+{
+    if (r->state != JOB_RUNNING)
+        return;
+    omv_reconfig_t rc;
+    if (omv_tuner_poll(r->tuner, omv_time_s(), &r->reconfig, r->sgd.weight_decay, &rc))
+        omv_reconfig_merge(&r->reconfig, &rc);
+}
+
+/* The live trainers changed: the optimizer caps g by them and runs again what they disturbed. */
+static void tuner_membership(omv_run_t *r)
+{
+    if (!omv_tuner_active(r->tuner) || r->state != JOB_RUNNING)
+        return;
+    omv_tuner_membership(r->tuner, omv_run_live_trainers(r), omv_time_s());
+    tuner_poll(r);
+}
+
+/* ---- groups' events ---- */
+
+static void on_apply(void *ctx, uint32_t group, uint32_t shard)
+{
+    omv_run_t *r = ctx;
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = r->sgd};
+    omv_shardset_send(r->shards, shard, &cmd, NULL, NULL);
+}
+
+static void on_advance(void *ctx, uint32_t group, uint64_t clock)
+{
+    omv_run_t *r = ctx;
+    (void)clock; /* the optimizer reads it from the groups, as every other reader does */
+    uint64_t images = r->group_images[group];
+    double loss = r->group_loss_n[group] ? r->group_loss_sum[group] / r->group_loss_n[group] : NAN;
+    /* A probe's steps are thrown away when the optimizer restores its snapshot: they do not
+     * count as training. */
+    if (omv_tuner_probing(r->tuner))
+        omv_tuner_count_probe_images(r->tuner, images);
+    else
+        r->images_total += images;
+    r->group_images[group] = 0;
+    r->group_loss_sum[group] = 0;
+    r->group_loss_n[group] = 0;
+    r->steps_total++;
+    if (omv_tuner_active(r->tuner)) {
+        omv_tuner_observe(r->tuner, group, omv_groups_clock(r->groups, group), loss, images,
+                          omv_time_s());
+        tuner_poll(r);
+    }
+}
+
+static void on_retire(void *ctx, uint32_t group)
+{
+    omv_run_t *r = ctx;
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_DISCARD, .group = group};
+    omv_shardset_send_all(r->shards, &cmd, NULL);
+    r->group_images[group] = 0;
+    omv_log_warn("group %u has no live workers left", group);
+}
+
+/* ---- membership ---- */
+
+/* Divides the training set among the live trainers in order of id. While the job waits for its
+ * workers the plan is for all of them, so that nobody's slice changes when the last one comes. */
+static void assign_slices(omv_run_t *r)
+{
+    uint32_t live = (uint32_t)omv_run_live_trainers(r);
+    uint32_t parts = r->state == JOB_WAITING && live < (uint32_t)r->job.workers
+                         ? (uint32_t)r->job.workers
+                         : live;
+    omv_members_assign_slices(r->env.members, r->train_count, parts);
+}
+
+/* The group a newcomer joins: the one with the fewest live members, the lowest on ties. */
+static uint32_t pick_group(const omv_run_t *r)
+{
+    uint32_t best = 0;
+    for (uint32_t g = 1; g < omv_groups_count(r->groups); g++)
+        if (omv_groups_live(r->groups, g) < omv_groups_live(r->groups, best))
+            best = g;
+    return best;
+}
+
+static int free_slot(const omv_run_t *r)
+{
+    for (uint32_t s = 0; s < r->n_slots; s++)
+        if (omv_groups_of(r->groups, s) < 0)
+            return (int)s;
+    return -1;
+}
+
+void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
+{
+    member_state_t was = m->state;
+    m->state = why;
+    m->parked = 0;
+    if (was != MEMBER_ALIVE)
+        return; /* idle: in no job */
+    if (m->role == OMV_ROLE_TRAINER) {
+        omv_groups_leave(r->groups, m->slot);
+        assign_slices(r);
+        tuner_membership(r);
+    } else if (r->eval.evaluator == omv_members_id(r->env.members, m)) {
+        omv_eval_lost(&r->eval);
+    }
+}
+
+/* ---- evaluation ---- */
+
+static void request_eval(omv_run_t *r)
+{
+    omv_eval_t *ev = &r->eval;
+    if (ev->evaluator == 0)
+        return;
+    if (ev->busy) {
+        ev->wanted = 1;
+        return;
+    }
+    if (omv_shardset_gather(r->shards, 0) < 0)
+        return;
+    member_t *m = omv_members_get(r->env.members, ev->evaluator);
+    omv_eval_send(ev, r->env.router, &m->peer, r->shards->gather_params,
+                  (uint32_t)r->layout.param_count, omv_run_epoch(r), omv_run_train_seconds(r),
+                  r->state == JOB_FINISHING);
+}
+
+void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
+{
+    omv_eval_t *ev = &r->eval;
+    if (omv_eval_result(ev, e) < 0) {
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_STEP, m->host,
+                         "evaluation result that was not asked for");
+        return;
+    }
+    double acc = omv_eval_last_accuracy(ev);
+    omv_log_info("eval: epoch %.2f test_accuracy %.4f test_loss %.4f (%u images)", ev->epoch, acc,
+                 e->loss, e->total);
+    if (r->state == JOB_FINISHING) {
+        if (ev->final_sent)
+            omv_run_finish(r, JOB_DONE, "job done");
+        else
+            request_eval(r);
+    } else if (r->job.stop_at_accuracy > 0 && acc >= r->job.stop_at_accuracy &&
+               r->state == JOB_RUNNING) {
+        omv_log_info("test accuracy %.4f reached [job] stop_at_accuracy = %g after %.1f s", acc,
+                     r->job.stop_at_accuracy, ev->wall_s);
+        r->train_end_s = omv_time_s();
+        omv_run_finish(r, JOB_DONE, "reached stop_at_accuracy");
+    } else if (ev->wanted) {
+        request_eval(r);
+    }
+}
+
+/* ---- checkpoints ---- */
+
+/* Writes a checkpoint now. Returns 0 or a negative errno (logged, counted). */
+static int write_checkpoint(omv_run_t *r)
+{
+    omv_run_ckpt_view_t v = {
+        .job = &r->job,
+        .job_text = r->text,
+        .finished = r->state == JOB_DONE,
+        .images_total = r->images_total,
+        .steps_total = r->steps_total,
+        .train_s = omv_run_train_seconds(r),
+        .epoch = omv_run_epoch(r),
+        .groups = r->groups,
+        .members = r->env.members,
+        .sgd = r->sgd,
+        .param_count = r->layout.param_count,
+        .eval = &r->eval,
+        .tuner = r->tuner,
+    };
+    r->ckpt_forced = 0;
+    if ((omv_tuner_probing(r->tuner) || (r->reconfig.pending && r->reconfig.restore)) &&
+        omv_shardset_has_probe_base(r->shards)) {
+        /* The shards hold a probe's model, which is thrown away (or one the optimizer is about
+         * to replace with the base): the base is the model to keep, where the search runs again
+         * from or the phase starts. */
+        v.params = r->shards->probe_params;
+        v.velocity = r->shards->probe_velocity;
+    } else {
+        int e = omv_shardset_gather(r->shards, 1);
+        if (e < 0) {
+            r->ckpt.due = 0;
+            r->ckpt.failed_total++;
+            r->ckpt.last_s = omv_time_s();
+            omv_log_error("checkpoint failed: cannot gather the model from the shard threads: %s",
+                          omv_strerror(e));
+            return e;
+        }
+        v.params = r->shards->gather_params;
+        v.velocity = r->shards->gather_velocity;
+    }
+    return omv_run_ckpt_write(&r->ckpt, &v);
+}
+
+/* Writes a due checkpoint when no group is half-way through applying a step. During a probe the
+ * shards hold a probe's model: wait for the phase, not to stall a probe (its timing counts),
+ * unless one was asked for by hand, which takes the search's base instead. */
+static void checkpoint_if_due(omv_run_t *r)
+{
+    if (r->ckpt.due && r->ckpt.enabled && omv_groups_settled(r->groups) &&
+        (!omv_tuner_probing(r->tuner) || r->ckpt_forced))
+        write_checkpoint(r);
+}
+
+int omv_run_request_checkpoint(omv_run_t *r, char *why, size_t cap)
+{
+    if (!r->ckpt.enabled) {
+        snprintf(why, cap,
+                 "checkpoints are off: the daemon cannot write to '%s'; set [daemon] state_dir or "
+                 "the job's [checkpoint] dir",
+                 r->ckpt.dir);
+        return -EINVAL;
+    }
+    if (r->state == JOB_WAITING) {
+        snprintf(why, cap, "job '%s' has not started: nothing to checkpoint yet", r->job.name);
+        return -EAGAIN;
+    }
+    r->ckpt.due = 1;
+    r->ckpt_forced = 1;
+    checkpoint_if_due(r);
+    return 0;
+}
+
+/* ---- changes between steps ---- */
+
+int omv_run_request_regroup(omv_run_t *r, uint32_t g, char *why, size_t cap)
+{
+    uint32_t live = (uint32_t)omv_run_live_trainers(r);
+    if (r->state != JOB_RUNNING && r->state != JOB_WAITING) {
+        snprintf(why, cap, "job '%s' is %s: nothing to regroup", r->job.name,
+                 omv_run_state_names[r->state]);
+        return -EAGAIN;
+    }
+    uint32_t most = live > 0 ? live : (uint32_t)r->job.workers;
+    if (g < 1 || g > most || g > omv_groups_max(r->groups)) {
+        snprintf(why, cap, "%u groups for %u workers: give 1 to %u", g, live, most);
+        return -EINVAL;
+    }
+    omv_reconfig_t rc = {.groups = g};
+    omv_reconfig_merge(&r->reconfig, &rc);
+    omv_log_info("regroup to %u groups requested (now %u); it happens between steps", g,
+                 omv_groups_count(r->groups));
+    return 0;
+}
+
+/* Saves or restores the probe base as the pending change asks, restore first. */
+static void probe_base(omv_run_t *r, const omv_reconfig_t *rc)
+{
+    if (rc->restore) {
+        int e = omv_shardset_probe_base(r->shards, 1);
+        if (e < 0)
+            omv_log_error("cannot restore the probe base: %s", omv_strerror(e));
+    }
+    if (rc->snapshot) {
+        int e = omv_shardset_probe_base(r->shards, 0);
+        if (e < 0)
+            omv_log_error("cannot save the probe base: %s", omv_strerror(e));
+    }
+}
+
+/* Carries out the pending change if every group is between steps: nothing is in flight, and a
+ * restored model is what every next step reads. Returns whether pulls may be served. */
+static int try_reconfig(omv_run_t *r)
+{
+    uint64_t clock;
+    int live;
+    if (!omv_reconfig_ready(r->groups, r->env.members, &clock, &live))
+        return 0;
+    omv_reconfig_t rc = r->reconfig;
+    memset(&r->reconfig, 0, sizeof(r->reconfig));
+    probe_base(r, &rc);
+    uint32_t g = rc.groups ? rc.groups : rc.restore ? omv_groups_count(r->groups) : 0;
+    /* After a restore every group starts again from the same model: a common clock keeps the
+     * bound. */
+    if (g && omv_reconfig_regroup(r->groups, r->env.members, r->n_slots, g, clock, live) == 0)
+        r->regroups_total++;
+    if (rc.set_sgd) {
+        r->sgd = rc.sgd;
+        omv_log_info("momentum %g, learning rate %g from step %llu", r->sgd.momentum,
+                     r->sgd.learning_rate, (unsigned long long)clock);
+    }
+    omv_tuner_applied(r->tuner, rc.opt_gen, omv_run_epoch(r), omv_time_s());
+    omv_timeline_now_t now = timeline_now(r);
+    omv_timeline_config(&r->timeline, &now, rc.opt_gen ? "optimizer" : "regroup");
+    /* Everyone waits for the common clock: their next pull is for it. */
+    for (uint32_t i = 0; i < r->env.members->n && g; i++) {
+        member_t *m = &r->env.members->records[i];
+        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER)
+            m->parked_step = clock;
+    }
+    return 1;
+}
+
+/* ---- pulls ---- */
+
+static void send_params(omv_run_t *r, member_t *m, uint64_t step)
+{
+    uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    /* The staleness this read has: how far the slowest other live group is behind it. */
+    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++) {
+        uint64_t c = omv_groups_clock(r->groups, g);
+        if (g != group && omv_groups_live(r->groups, g) > 0 && c < step &&
+            step - c > r->staleness_max_observed)
+            r->staleness_max_observed = step - c;
+    }
+    /* The group's batch is the job's, whoever is in it: its live members share it. */
+    m->served = 1;
+    m->served_step = step;
+    uint32_t live = omv_groups_live(r->groups, group);
+    uint32_t batch = (uint32_t)r->job.batch_size / (live ? live : 1);
+    /* Each shard's executor answers with a snapshot of its part, sent without a copy; commands
+     * to a shard run in order, so every update applied so far is in it. */
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
+                           .group = group,
+                           .step = step,
+                           .worker_id = omv_members_id(r->env.members, m),
+                           .slice_begin = m->slice_begin,
+                           .slice_count = m->slice_count,
+                           .batch = batch ? batch : 1};
+    omv_shardset_send_all(r->shards, &cmd, &m->peer);
+}
+
+/* Answers the parked pulls the groups and the bound allow. With a change pending, only groups
+ * that began their step may finish it; the others wait for the change. */
+static void serve_parked(omv_run_t *r)
+{
+    int holding = r->reconfig.pending && !try_reconfig(r);
+    for (uint32_t i = 0; i < r->env.members->n; i++) {
+        member_t *m = &r->env.members->records[i];
+        if (m->state != MEMBER_ALIVE || !m->parked)
+            continue;
+        int g = omv_groups_of(r->groups, m->slot);
+        if (holding &&
+            (g < 0 || !omv_reconfig_group_begun(r->groups, r->env.members, (uint32_t)g)))
+            continue;
+        if (g >= 0 && omv_groups_may_begin(r->groups, (uint32_t)g, m->parked_step)) {
+            m->parked = 0;
+            send_params(r, m, m->parked_step);
+        }
+    }
+}
+
+void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
+{
+    if (m->role != OMV_ROLE_TRAINER) {
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_ROLE, m->host,
+                         "an evaluator does not pull");
+        return;
+    }
+    int g = omv_groups_of(r->groups, m->slot);
+    uint64_t clock = g >= 0 ? omv_groups_clock(r->groups, (uint32_t)g) : 0;
+    if (m->parked || p->step < clock || p->step > clock + 1) {
+        char why[OMV_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why), "pull for step %llu but group %d is at step %llu%s",
+                 (unsigned long long)p->step, g, (unsigned long long)clock,
+                 m->parked ? " and a pull is already waiting" : "");
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_STEP, m->host, why);
+        return;
+    }
+    /* Answered by omv_run_progress once the group and the bound allow; at the end, Stop does. */
+    m->parked = 1;
+    m->parked_step = p->step;
+}
+
+/* ---- pushes ---- */
+
+/* Checks a push against the job's state, the groups and the shard's range. Returns 1 when it
+ * fits; else it was refused (or dropped as late) and 0. */
+static int push_fits(omv_run_t *r, member_t *m, const omv_push_t *p, const char *who)
+{
+    char why[OMV_WIRE_REASON_MAX];
+    if (m->role != OMV_ROLE_TRAINER) {
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_ROLE, who,
+                         "an evaluator does not push");
+        return 0;
+    }
+    if (r->state == JOB_FINISHING || r->state == JOB_DONE) {
+        /* Steps that were under way when the job reached its end: not an error, not applied. */
+        r->late_total++;
+        return 0;
+    }
+    if (r->state != JOB_RUNNING) {
+        snprintf(why, sizeof(why), "gradient while the job is %s", omv_run_state_names[r->state]);
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_STEP, who, why);
+        return 0;
+    }
+    omv_refuse_t code = omv_groups_check_push(r->groups, m->slot, p->step, p->shard, why);
+    if (code != OMV_REFUSE_NONE) {
+        omv_refusals_add(r->env.refusals, &m->peer, code, who, why);
+        return 0;
+    }
+    const omv_shard_t *sh = &r->shards->shards[p->shard];
+    if (p->offset != sh->offset || p->count != sh->count) {
+        snprintf(why, sizeof(why), "shard %u holds [%u, +%u) but the gradient is [%u, +%u)",
+                 p->shard, sh->offset, sh->count, p->offset, p->count);
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_SHAPE, who, why);
+        return 0;
+    }
+    return 1;
+}
+
+/* The step's figures come with shard 0's push: the worker's, its group's and the job's. */
+static void count_step(omv_run_t *r, member_t *m, uint32_t group, const omv_push_t *p)
+{
+    m->steps++;
+    m->last_compute_ms = p->compute_ms;
+    if (!isfinite(p->loss))
+        return;
+    m->images += p->samples;
+    r->group_images[group] += p->samples;
+    r->group_loss_sum[group] += p->loss;
+    r->group_loss_n[group]++;
+    r->loss_sum += p->loss;
+    r->loss_n++;
+    r->last_loss = p->loss;
+    omv_timeline_loss(&r->timeline, p->loss);
+}
+
+void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
+{
+    char who[96];
+    snprintf(who, sizeof(who), "worker %u \"%s\"", omv_members_id(r->env.members, m), m->host);
+    if (!push_fits(r, m, p, who))
+        return;
+    uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
+     * back as a refusal and stays out of the sum. The step goes on either way. */
+    omv_payload_t payload;
+    omv_router_take_payload(r->env.router, &payload);
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH,
+                           .group = group,
+                           .step = p->step,
+                           .worker_id = omv_members_id(r->env.members, m),
+                           .sgd = r->sgd,
+                           .solo = omv_groups_live(r->groups, group) == 1};
+    omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, &payload);
+    if (p->shard == 0)
+        count_step(r, m, group, p);
+    r->pushes_recorded_total++;
+    omv_groups_record_push(r->groups, m->slot, p->shard);
+}
+
+/* ---- the job's lifecycle ---- */
+
+static void start(omv_run_t *r, const char *why)
+{
+    r->state = JOB_RUNNING;
+    r->start_s = r->last_line_s = omv_time_s();
+    r->ckpt.last_s = r->start_s;
+    r->ckpt.last_step = omv_groups_min_clock(r->groups);
+    assign_slices(r);
+    omv_timeline_now_t now = timeline_now(r);
+    omv_timeline_start(&r->timeline, &now);
+    if (r->tuner && omv_tuner_start(r->tuner, omv_run_live_trainers(r), omv_time_s()) < 0) {
+        omv_run_finish(r, JOB_FAILED, "the optimizer cannot start (see the log)");
+        return;
+    }
+    tuner_poll(r);
+    omv_log_info("job '%s' running%s: %d workers in %lld groups, staleness %s, until %llu "
+                 "images (%.2f epochs) are done",
+                 r->job.name, why, omv_run_live_trainers(r), (long long)r->job.groups,
+                 r->job.staleness < 0 ? "none" : "bounded", (unsigned long long)r->target_images,
+                 (double)r->job.epochs);
+}
+
+static void log_end(omv_run_t *r, job_state_t state, const char *why)
+{
+    if (state == JOB_DONE) {
+        double train_s = omv_run_train_seconds(r);
+        omv_log_info("job '%s' done: test_accuracy %.4f, %.2f epochs, %.1f s, %.0f images/s",
+                     r->job.name, omv_eval_last_accuracy(&r->eval), omv_run_epoch(r),
+                     omv_run_wall_seconds(r),
+                     train_s > 0 ? (double)r->images_total / train_s : 0.0);
+        return;
+    }
+    omv_strlcpy(r->fail_reason, why, sizeof(r->fail_reason));
+    if (state == JOB_STOPPED)
+        omv_log_info("job '%s' stopped at epoch %.2f: %s", r->job.name, omv_run_epoch(r), why);
+    else
+        omv_log_error("job '%s' failed: %s", r->job.name, why);
+}
+
+void omv_run_finish(omv_run_t *r, job_state_t state, const char *why)
+{
+    r->state = state;
+    r->end_s = omv_time_s();
+    if (r->train_end_s == 0)
+        r->train_end_s = r->end_s;
+    omv_timeline_now_t now = timeline_now(r);
+    omv_timeline_end(&r->timeline, &now);
+    /* The workers exit (--once), or stay and register again for whatever comes next. */
+    if (r->env.once) {
+        omv_members_stop_all(r->env.members, r->env.router, MEMBER_ALIVE, MEMBER_ALIVE, why, 0);
+    } else {
+        char again[OMV_WIRE_REASON_MAX];
+        snprintf(again, sizeof(again), "job '%s' is %s: register again for the next job",
+                 r->job.name, omv_run_state_names[state]);
+        omv_members_stop_all(r->env.members, r->env.router, MEMBER_ALIVE, MEMBER_DONE, again, 1);
+        r->eval.evaluator = 0;
+    }
+    log_end(r, state, why);
+    if (state == JOB_DONE && r->ckpt.enabled)
+        write_checkpoint(r);
+}
+
+/* Training reached its images: the final evaluation, then done. */
+static void finishing(omv_run_t *r)
+{
+    r->state = JOB_FINISHING;
+    r->train_end_s = omv_time_s();
+    omv_log_info("training finished after %.1f s; final evaluation", omv_run_train_seconds(r));
+    request_eval(r);
+}
+
+/* The end of training, evaluations as they come due, and checkpoints by steps. */
+static void progress_running(omv_run_t *r)
+{
+    if (omv_run_live_trainers(r) == 0) {
+        omv_run_finish(r, JOB_FAILED, "every trainer is gone");
+        return;
+    }
+    if (r->images_total >= r->target_images && omv_groups_settled(r->groups)) {
+        finishing(r);
+    } else if (r->job.eval_every_epochs > 0 && omv_run_epoch(r) >= r->eval.next_epoch &&
+               !omv_tuner_probing(r->tuner)) {
+        while (r->eval.next_epoch <= omv_run_epoch(r))
+            r->eval.next_epoch += r->job.eval_every_epochs;
+        request_eval(r);
+    }
+    if (r->state == JOB_RUNNING && r->ckpt.enabled && r->job.checkpoint_every_steps > 0) {
+        /* Checked as steps complete, not by the clock, so no more than the interval is lost. */
+        uint64_t step = omv_groups_min_clock(r->groups);
+        if (step != UINT64_MAX &&
+            step >= r->ckpt.last_step + (uint64_t)r->job.checkpoint_every_steps)
+            r->ckpt.due = 1;
+    }
+}
+
+void omv_run_progress(omv_run_t *r)
+{
+    if (r->state == JOB_RUNNING)
+        progress_running(r);
+    if (r->state == JOB_FINISHING && r->eval.evaluator == 0) {
+        omv_log_warn("no evaluator is connected: the job ends without a final test accuracy");
+        omv_run_finish(r, JOB_DONE, "job done");
+        return;
+    }
+    checkpoint_if_due(r);
+    finish_stop(r);
+    if (r->state == JOB_RUNNING)
+        serve_parked(r);
+}
+
+void omv_run_stop(omv_run_t *r, omv_run_stop_t how, double settle_s)
+{
+    if (r->stopping == how)
+        return;
+    r->stopping = how;
+    r->stop_deadline_s = omv_time_s() + settle_s;
+    if (r->state == JOB_RUNNING && r->ckpt.enabled)
+        r->ckpt.due = 1;
+    finish_stop(r);
+}
+
+/* A requested stop ends once its checkpoint is written, or when it is late without one. */
+static void finish_stop(omv_run_t *r)
+{
+    if (r->stopping == OMV_RUN_STOP_NONE || r->exit_ready)
+        return;
+    if (r->stopping == OMV_RUN_STOP_JOB && OMV_JOB_OVER(r->state))
+        return;
+    checkpoint_if_due(r);
+    int late = omv_time_s() > r->stop_deadline_s;
+    if (r->ckpt.due && !late)
+        return;
+    if (r->stopping == OMV_RUN_STOP_EXIT) {
+        if (r->ckpt.due)
+            omv_log_warn("a group is still half-way through a step; the last checkpoint stays %s",
+                         r->ckpt.last_path[0] ? r->ckpt.last_path : "(none)");
+        r->exit_ready = 1;
+        return;
+    }
+    if (r->ckpt.due)
+        omv_log_warn("job '%s': no checkpoint of whole steps in time for stop; stopping without "
+                     "one (the last is %s)",
+                     r->job.name, r->ckpt.last_path[0] ? r->ckpt.last_path : "none");
+    r->ckpt.due = 0;
+    omv_run_finish(r, JOB_STOPPED, "stopped by omnivorectl stop");
+}
+
+/* ---- joining ---- */
+
+int omv_run_may_join(const omv_run_t *r, omv_role_t role, char *why, size_t cap,
+                     omv_refuse_t *ret_code)
+{
+    if (role == OMV_ROLE_TRAINER && free_slot(r) < 0) {
+        snprintf(why, cap, "job '%s' has no room for another worker (%u slots)", r->job.name,
+                 r->n_slots);
+        *ret_code = OMV_REFUSE_FULL;
+        return 0;
+    }
+    if (role != OMV_ROLE_TRAINER && r->eval.evaluator != 0) {
+        snprintf(why, cap, "an evaluator is already connected");
+        *ret_code = OMV_REFUSE_ROLE;
+        return 0;
+    }
+    return 1;
+}
+
+static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
+{
+    const omv_job_t *job = &r->job;
+    omv_strlcpy(j->name, job->name, sizeof(j->name));
+    j->n_layers = job->n_layers;
+    memcpy(j->layers, job->layers, sizeof(j->layers));
+    omv_strlcpy(j->model, job->model_text, sizeof(j->model));
+    omv_strlcpy(j->data_format, job->data_format, sizeof(j->data_format));
+    j->scale = (float)job->scale;
+    j->n_mean = job->n_mean, j->n_std = job->n_std;
+    memcpy(j->mean, job->mean, sizeof(j->mean));
+    memcpy(j->std, job->std, sizeof(j->std));
+    omv_strlcpy(j->train_images, job->train_images, sizeof(j->train_images));
+    omv_strlcpy(j->train_labels, job->train_labels, sizeof(j->train_labels));
+    omv_strlcpy(j->test_images, job->test_images, sizeof(j->test_images));
+    omv_strlcpy(j->test_labels, job->test_labels, sizeof(j->test_labels));
+    j->batch_size = (uint32_t)job->batch_size; /* the most a worker is given per step */
+    j->seed = (uint64_t)job->seed;
+    j->param_count = (uint32_t)r->layout.param_count;
+    j->n_shards = r->shards->n_shards;
+    memcpy(j->shard_offsets, r->shards->offsets, (r->shards->n_shards + 1) * sizeof(uint32_t));
+    j->eval_batch_size = (uint32_t)job->eval_batch_size;
+}
+
+static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who,
+                         omv_welcome_t *w)
+{
+    uint32_t group = pick_group(r);
+    m->slot = (uint32_t)free_slot(r);
+    int next = omv_groups_join(r->groups, m->slot, group);
+    assign_slices(r);
+    tuner_membership(r);
+    w->group = group;
+    w->start_step = omv_groups_clock(r->groups, group) + (next > 0 ? 1 : 0);
+    w->job.slice_begin = m->slice_begin;
+    w->job.slice_count = m->slice_count;
+    w->job.steps_per_epoch = r->worker_batch ? m->slice_count / r->worker_batch : 0;
+    r->env.members->joins_total++;
+    if (rejoin)
+        r->env.members->rejoins_total++;
+    omv_log_info("worker %u (%s) %s: group %u from step %llu, images [%u, %u); %d alive",
+                 omv_members_id(r->env.members, m), who, rejoin ? "rejoined" : "registered",
+                 group, (unsigned long long)w->start_step, m->slice_begin,
+                 m->slice_begin + m->slice_count, omv_run_live_trainers(r));
+}
+
+void omv_run_join(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
+{
+    if (r->first_hello_s == 0)
+        r->first_hello_s = omv_time_s();
+    fill_jobspec(r, &w->job);
+    if (m->role == OMV_ROLE_TRAINER) {
+        join_trainer(r, m, rejoin, who, w);
+    } else {
+        r->eval.evaluator = omv_members_id(r->env.members, m);
+        omv_log_info("evaluator %u (%s) registered", r->eval.evaluator, who);
+    }
+}
+
+void omv_run_joined(omv_run_t *r)
+{
+    if (r->state == JOB_WAITING && omv_run_live_trainers(r) >= (int)r->job.workers)
+        start(r, "");
+}
+
+/* ---- periodic work ---- */
+
+static void progress_line(omv_run_t *r, double t)
+{
+    double rate = (double)(r->images_total - r->last_line_images) / (t - r->last_line_s);
+    double loss = r->loss_n ? r->loss_sum / (double)r->loss_n : NAN;
+    char acc[32] = "-";
+    if (r->eval.n_history)
+        snprintf(acc, sizeof(acc), "%.4f", omv_eval_last_accuracy(&r->eval));
+    omv_log_info("epoch %.2f/%lld step %llu loss %.4f images/s %.0f test_accuracy %s workers %d",
+                 omv_run_epoch(r), (long long)r->job.epochs,
+                 (unsigned long long)omv_groups_min_clock(r->groups), loss, rate, acc,
+                 omv_run_live_trainers(r));
+    r->last_line_s = t;
+    r->last_line_images = r->images_total;
+    r->loss_sum = 0;
+    r->loss_n = 0;
+}
+
+/* An evaluator that takes far longer than anyone should is not waited for forever. */
+static void check_evaluator(omv_run_t *r, int64_t now_ms)
+{
+    int64_t timeout = omv_run_worker_timeout_ms(r);
+    if (!r->eval.busy || now_ms - r->eval.sent_ms <= 10 * timeout + 60000)
+        return;
+    omv_log_warn("evaluator %u did not answer within %.0f s; evaluating without it",
+                 r->eval.evaluator, (double)(now_ms - r->eval.sent_ms) / 1000.0);
+    member_t *ev = omv_members_get(r->env.members, r->eval.evaluator);
+    r->env.members->deaths_total++;
+    omv_run_member_gone(r, ev, MEMBER_DEAD);
+}
+
+void omv_run_cron(omv_run_t *r)
+{
+    double t = omv_time_s();
+    if (r->state == JOB_WAITING && r->first_hello_s > 0 && omv_run_live_trainers(r) > 0 &&
+        t - r->first_hello_s >= r->job.start_timeout_s) {
+        char why[128];
+        snprintf(why, sizeof(why), " with %d of %lld workers after %.0f s",
+                 omv_run_live_trainers(r), (long long)r->job.workers, r->job.start_timeout_s);
+        start(r, why);
+    }
+    check_evaluator(r, omv_time_ms());
+    if (r->state != JOB_RUNNING)
+        return;
+    if (r->ckpt.enabled && r->job.checkpoint_every_s > 0 &&
+        t - r->ckpt.last_s >= r->job.checkpoint_every_s)
+        r->ckpt.due = 1;
+    if (t - r->last_line_s >= r->job.progress_interval_s)
+        progress_line(r, t);
+    omv_timeline_now_t now = timeline_now(r);
+    omv_timeline_tick(&r->timeline, &now);
+    tuner_poll(r);
+}
+
+/* ---- making and freeing ---- */
+
+int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, char *err)
+{
+    uint32_t count, channels, rows, cols;
+    if (omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
+                                 &cols, err) < 0)
+        return -EINVAL;
+    if (channels * rows * cols != j->layers[0]) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: images are %ux%ux%u = %u values but the model takes %u inputs",
+                 j->train_images, channels, rows, cols, channels * rows * cols, j->layers[0]);
+        return -EINVAL;
+    }
+    if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
+        count = (uint32_t)j->train_limit;
+    uint32_t worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
+    if (count / (uint32_t)j->workers < worker_batch) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: %u images split over %lld workers leave fewer than a batch of %u per "
+                 "worker",
+                 j->train_images, count, (long long)j->workers, worker_batch);
+        return -EINVAL;
+    }
+    omv_model_layout_t layout;
+    if (omv_model_parse(&layout, j->model_text, j->model_name, err) < 0)
+        return -EINVAL;
+    if (ret_train_count)
+        *ret_train_count = count;
+    return 0;
+}
+
+static void log_model(const omv_run_t *r)
+{
+    char table[4096];
+    omv_model_summary(&r->layout, table, sizeof(table));
+    for (char *line = table, *eol; (eol = strchr(line, '\n')) != NULL; line = eol + 1)
+        omv_log_info("model: %.*s", (int)(eol - line), line);
+}
+
+/* Takes up a checkpoint of this job: model, momentum, clocks, counters, evaluations and the
+ * optimizer's part. */
+static int resume(omv_run_t *r, const omv_checkpoint_t *c)
+{
+    /* A run that was regrouped goes on with the groups it had. */
+    omv_groups_set_count(r->groups, c->n_groups);
+    int e = omv_shardset_restore(r->shards, c->params, c->velocity);
+    if (e < 0)
+        return e;
+    for (uint32_t g = 0; g < c->n_groups; g++)
+        omv_groups_set_clock(r->groups, g, c->clocks[g]);
+    r->images_total = c->images_total;
+    r->steps_total = c->steps_total;
+    r->train_s_before = c->train_s;
+    for (uint32_t i = 0; i < c->n_history; i++)
+        if (omv_eval_add(&r->eval, c->history[i].epoch, c->history[i].wall_s,
+                         c->history[i].accuracy, c->history[i].loss) < 0)
+            break;
+    omv_tuner_load(r->tuner, &c->opt);
+    if (c->finished) {
+        r->state = JOB_DONE;
+        r->start_s = r->end_s = r->train_end_s = omv_time_s();
+    }
+    r->ckpt.resumed_epoch = omv_run_epoch(r);
+    omv_log_info("resumed from %s: epoch %.2f, %llu images, %u evaluations%s",
+                 r->ckpt.resumed_from, omv_run_epoch(r), (unsigned long long)c->images_total,
+                 c->n_history, c->finished ? "; the job was already done" : "");
+    return 0;
+}
+
+/* Checkpoints: the folder, and resuming from the newest when there is one. */
+static int setup_checkpoints(omv_run_t *r)
+{
+    omv_checkpoint_t c;
+    int e = omv_run_ckpt_find(&r->ckpt, &r->job, r->layout.param_count, r->max_groups, &c);
+    if (e == 1) {
+        e = resume(r, &c);
+        omv_checkpoint_fini(&c);
+    }
+    if (r->eval.n_history)
+        r->eval.next_epoch =
+            r->eval.history[r->eval.n_history - 1].epoch + r->job.eval_every_epochs;
+    return e < 0 ? e : 0;
+}
+
+/* The model, its shards, the groups and the per-group sums. */
+static int setup_model(omv_run_t *r)
+{
+    char err[OMV_CONFIG_ERR_MAX];
+    const omv_job_t *j = &r->job;
+    int e = omv_run_check_job(j, &r->train_count, err);
+    if (e == 0)
+        e = omv_model_parse(&r->layout, j->model_text, j->model_name, err);
+    if (e < 0) {
+        omv_log_error("%s", err);
+        return -EINVAL;
+    }
+    r->worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
+    r->target_images = (uint64_t)r->train_count * (uint64_t)j->epochs;
+    log_model(r);
+    /* Room for workers that join beyond the planned ones, and for replacements; and for as
+     * many groups as there are slots: regrouping may use them. */
+    r->n_slots = (uint32_t)j->workers * 2 + 16;
+    r->max_groups = r->n_slots > (uint32_t)j->groups ? r->n_slots : (uint32_t)j->groups;
+    r->group_images = calloc(r->max_groups, sizeof(uint64_t));
+    r->group_loss_sum = calloc(r->max_groups, sizeof(double));
+    r->group_loss_n = calloc(r->max_groups, sizeof(uint32_t));
+    if (!r->group_images || !r->group_loss_sum || !r->group_loss_n)
+        return -ENOMEM;
+    r->shards = omv_shardset_new(r->env.router, r->env.refusals, &r->layout, (uint32_t)j->shards,
+                                 r->max_groups, (uint64_t)j->seed);
+    if (r->shards == NULL)
+        return -errno;
+    omv_groups_events_t ev = {on_apply, on_advance, on_retire, r};
+    r->groups =
+        omv_groups_new(r->n_slots, (uint32_t)j->groups, r->shards->n_shards, j->staleness, &ev);
+    if (r->groups == NULL)
+        return -ENOMEM;
+    r->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
+    omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
+                 "%u per worker step",
+                 j->name, j->layers_text[0] ? j->layers_text : j->definition,
+                 r->layout.param_count, r->shards->n_shards, r->train_count, r->worker_batch);
+    return 0;
+}
+
+omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const char *path,
+                       const char *text, uint64_t id)
+{
+    omv_run_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return NULL;
+    r->env = *env;
+    r->id = id;
+    r->job = *job;
+    r->state = JOB_WAITING;
+    r->load_s = omv_time_s();
+    omv_strlcpy(r->path, path, sizeof(r->path));
+    omv_eval_init(&r->eval, job->eval_every_epochs);
+    omv_timeline_init(&r->timeline);
+    int e = -ENOMEM;
+    r->text = strdup(text ? text : "");
+    if (r->text == NULL)
+        goto fail;
+    e = setup_model(r);
+    if (e < 0)
+        goto fail;
+    omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir);
+    if (job->optimizer) {
+        /* Its decisions file goes beside the checkpoints. */
+        r->tuner = omv_tuner_new(job, r->ckpt.enabled ? r->ckpt.dir : NULL);
+        if (r->tuner == NULL)
+            goto fail;
+    }
+    e = setup_checkpoints(r);
+    if (e < 0)
+        goto fail;
+    omv_log_info("job %llu '%s' loaded from %s; %u of %u shards have a thread",
+                 (unsigned long long)id, r->job.name, path, r->shards->threaded,
+                 r->shards->n_shards);
+    return r;
+fail:
+    omv_run_destroy(&r);
+    errno = e < 0 ? -e : ENOMEM;
+    return NULL;
+}
+
+void omv_run_destroy(omv_run_t **self_p)
+{
+    omv_run_t *r = *self_p;
+    if (r == NULL)
+        return;
+    /* Its workers (told at the end of the job) register again; records stay for their ids. */
+    for (uint32_t i = 0; i < r->env.members->n; i++)
+        if (r->env.members->records[i].state == MEMBER_ALIVE)
+            r->env.members->records[i].state = MEMBER_DONE;
+    omv_shardset_destroy(&r->shards);
+    omv_groups_destroy(&r->groups);
+    omv_tuner_destroy(&r->tuner);
+    omv_timeline_fini(&r->timeline);
+    omv_eval_fini(&r->eval);
+    free(r->group_images);
+    free(r->group_loss_sum);
+    free(r->group_loss_n);
+    free(r->text);
+    free(r);
+    *self_p = NULL;
+}
+
+void omv_run_drain_shards(omv_run_t *r)
+{
+    omv_shardset_drain(r->shards);
+}

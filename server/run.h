@@ -1,0 +1,163 @@
+/* One job's run: everything that lives as long as the job and no longer (its model in shards,
+ * compute groups and clocks, the update rule, pulls, pushes and applies, evaluation,
+ * checkpoints, the optimizer's daemon side, the timeline), made whole by omv_run_new and freed
+ * whole by omv_run_destroy. Loading the next job is destroy + new. */
+#pragma once
+
+#include <stdint.h>
+
+#include "eval.h"
+#include "groups.h"
+#include "job.h"
+#include "members.h"
+#include "model.h"
+#include "reconfig.h"
+#include "refusals.h"
+#include "router.h"
+#include "run_checkpoint.h"
+#include "shardset.h"
+#include "timeline.h"
+#include "tuner.h"
+
+/* A job's life; states from JOB_DONE on are over. */
+typedef enum {
+    JOB_WAITING,
+    JOB_RUNNING,
+    JOB_FINISHING,
+    JOB_DONE,
+    JOB_FAILED,
+    JOB_STOPPED, /* `omnivorectl stop`: checkpointed, a resubmission resumes it */
+    JOB_IDLE,    /* not a run's state: the daemon has no run */
+    JOB_STATE_COUNT_
+} job_state_t;
+extern const char *const omv_run_state_names[];
+#define OMV_JOB_OVER(state) ((state) >= JOB_DONE)
+
+/* What a run works with that outlives it: borrowed, from the daemon. */
+typedef struct {
+    omv_router_t *router;
+    omv_members_t *members;
+    omv_refusals_t *refusals;
+    const char *state_dir; /* checkpoints go under it unless the job says */
+    int once;              /* the workers exit when the job ends (omnivored --once) */
+} omv_run_env_t;
+
+/* How a requested stop ends, once a checkpoint of whole steps is written (or too late). */
+typedef enum {
+    OMV_RUN_STOP_NONE,
+    OMV_RUN_STOP_JOB,  /* `omnivorectl stop`: the job ends, stopped */
+    OMV_RUN_STOP_EXIT, /* the daemon exits: the job goes on after a restart */
+} omv_run_stop_t;
+
+/* The fields are for reading (status, commands); the run changes them. */
+typedef struct {
+    omv_run_env_t env;
+    uint64_t id; /* 1, 2, ... in the order jobs were submitted */
+    omv_job_t job;
+    char path[OMV_JOB_PATH_MAX];
+    char *text; /* the job file as submitted, kept in checkpoints */
+    job_state_t state;
+    char fail_reason[256];
+
+    /* The model. */
+    omv_model_layout_t layout;
+    omv_shardset_t *shards;
+    omv_groups_t *groups;
+    omv_sgd_t sgd;
+    uint32_t n_slots, max_groups;
+
+    /* The schedule. */
+    uint32_t train_count;   /* images in the training set the job uses */
+    uint32_t worker_batch;  /* images per worker per step: the group's batch over its members */
+    uint64_t target_images; /* epochs x train_count: the job trains until it has seen these */
+    double load_s, first_hello_s, start_s, train_end_s, end_s;
+    double train_s_before; /* training seconds before a resume */
+    uint64_t images_total, steps_total, late_total;
+    uint64_t *group_images; /* [max_groups] images of the group's current step */
+    double *group_loss_sum; /* [max_groups] losses of the group's current step */
+    uint32_t *group_loss_n;
+    double loss_sum; /* since the last progress line */
+    uint64_t loss_n;
+    double last_loss;
+    double last_line_s;
+    uint64_t last_line_images;
+    uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
+    uint64_t regroups_total;
+    uint64_t pushes_recorded_total; /* gradients recorded in the groups' bookkeeping */
+    omv_reconfig_t reconfig;        /* applied when every group is between steps */
+
+    omv_eval_t eval;
+    omv_run_ckpt_t ckpt;
+    int ckpt_forced;      /* asked for by hand: written even while a probe runs (its base) */
+    omv_tuner_t *tuner;   /* when the job's [optimizer] is on */
+    omv_timeline_t timeline;
+
+    omv_run_stop_t stopping;
+    double stop_deadline_s;
+    int exit_ready; /* OMV_RUN_STOP_EXIT: the last checkpoint is written (or given up on) */
+    int recorded;   /* its end is in the finished jobs */
+} omv_run_t;
+
+/* Checks what a run would check without making one: the data set's shape against the model.
+ * Returns 0, with the images it trains on in *ret_train_count when not NULL, or -EINVAL with
+ * the reason in err[OMV_CONFIG_ERR_MAX]. */
+int omv_run_check_job(const omv_job_t *job, uint32_t *ret_train_count, char *err);
+
+/* Makes the run of job (copied; path names it in logs, text is copied for checkpoints): model,
+ * shards and their executors, groups, checkpoints, resuming from the newest. Returns NULL with
+ * errno set after logging why. Caller owns; omv_run_destroy. */
+omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const char *path,
+                       const char *text, uint64_t id);
+/* Frees the run whole; members still in it are marked done (they register again). */
+void omv_run_destroy(omv_run_t **self_p);
+
+/* ---- from the workers ---- */
+
+/* Whether a trainer (evaluator) could join now; if not, why[cap] says why and *ret_code is the
+ * refusal to answer with. */
+int omv_run_may_join(const omv_run_t *self, omv_role_t role, char *why, size_t cap,
+                     omv_refuse_t *ret_code);
+/* m registered into the job: puts it in a group (trainers) and fills the Welcome's job, group
+ * and first step. The job starts when its workers are all there. */
+void omv_run_join(omv_run_t *self, member_t *m, int rejoin, const char *who, omv_welcome_t *w);
+/* The Welcome went out: a waiting job starts once its workers are all there. */
+void omv_run_joined(omv_run_t *self);
+void omv_run_pull(omv_run_t *self, member_t *m, const omv_pull_t *p);
+void omv_run_push(omv_run_t *self, member_t *m, const omv_push_t *p);
+void omv_run_eval_result(omv_run_t *self, member_t *m, const omv_eval_result_t *e);
+/* A live member of the job is gone (why: MEMBER_LEFT or MEMBER_DEAD). */
+void omv_run_member_gone(omv_run_t *self, member_t *m, member_state_t why);
+
+/* ---- from the loop ---- */
+
+/* Handles what the shard executors sent back. */
+void omv_run_drain_shards(omv_run_t *self);
+/* Moves the job along after anything changed: parked pulls, evaluations, checkpoints, a
+ * requested stop, the end. */
+void omv_run_progress(omv_run_t *self);
+/* Periodic work: the start timeout, a silent evaluator, checkpoints by time, the progress line,
+ * the timeline, the optimizer. */
+void omv_run_cron(omv_run_t *self);
+/* How long a trainer may be silent before it is declared dead (ms). */
+int64_t omv_run_worker_timeout_ms(const omv_run_t *self);
+
+/* ---- from the commands ---- */
+
+/* Asks for g compute groups, between steps. Returns 0, or -EINVAL/-EAGAIN with why[cap]. */
+int omv_run_request_regroup(omv_run_t *self, uint32_t g, char *why, size_t cap);
+/* Asks for a checkpoint as soon as the groups hold whole steps. Returns 0, or -EINVAL/-EAGAIN
+ * with why[cap]. */
+int omv_run_request_checkpoint(omv_run_t *self, char *why, size_t cap);
+/* Stops the run once a checkpoint of whole steps is written, or after settle_s without one. */
+void omv_run_stop(omv_run_t *self, omv_run_stop_t how, double settle_s);
+/* Ends the job now (state JOB_DONE, JOB_FAILED or JOB_STOPPED) and tells its workers. */
+void omv_run_finish(omv_run_t *self, job_state_t state, const char *why);
+
+/* ---- reading ---- */
+
+double omv_run_epoch(const omv_run_t *self);
+/* Seconds of training so far, across restarts. */
+double omv_run_train_seconds(const omv_run_t *self);
+double omv_run_wall_seconds(const omv_run_t *self);
+double omv_run_images_per_second(const omv_run_t *self);
+int omv_run_live_trainers(const omv_run_t *self);

@@ -1,0 +1,151 @@
+/* A run's checkpoints: the folder, writing one from a view of the run, finding one to resume. */
+#define OMV_LOG_TAG "checkpoint"
+#include "run_checkpoint.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "strbuf.h"
+#include "util.h"
+
+void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir)
+{
+    memset(self, 0, sizeof(*self));
+    if (job->checkpoint_dir[0])
+        omv_strlcpy(self->dir, job->checkpoint_dir, sizeof(self->dir));
+    else if (state_dir[0])
+        snprintf(self->dir, sizeof(self->dir), "%s/checkpoints/%s", state_dir, job->name);
+    if (self->dir[0] == '\0')
+        return;
+    int r = omv_checkpoint_mkdirs(self->dir);
+    if (r < 0)
+        omv_log_warn("checkpoints are off: cannot create %s: %s (set [daemon] state_dir or "
+                     "[checkpoint] dir to a folder this user may write)",
+                     self->dir, omv_strerror(r));
+    else
+        self->enabled = 1;
+}
+
+static char *members_text(const omv_members_t *members, const omv_groups_t *groups)
+{
+    omv_strbuf_t b;
+    omv_strbuf_init(&b);
+    for (uint32_t i = 0; i < members->n; i++) {
+        const member_t *m = &members->records[i];
+        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
+            continue;
+        omv_strbuf_printf(&b, "%u %s %u %d\n", i + 1, m->host, m->pid,
+                          omv_groups_of(groups, m->slot));
+    }
+    char *s = strdup(omv_strbuf_str(&b));
+    omv_strbuf_fini(&b);
+    return s;
+}
+
+/* Fills c from view; arrays it allocates are freed by omv_checkpoint_fini, borrowed ones are
+ * put back to NULL by the caller. Returns 0 or -ENOMEM. */
+static int fill(omv_checkpoint_t *c, const omv_run_ckpt_view_t *v)
+{
+    uint32_t groups = omv_groups_count(v->groups);
+    omv_strlcpy(c->job_name, v->job->name, sizeof(c->job_name));
+    c->finished = (uint32_t)v->finished;
+    c->images_total = v->images_total;
+    c->steps_total = v->steps_total;
+    c->train_s = v->train_s;
+    c->n_groups = groups;
+    c->param_count = v->param_count;
+    c->params = (float *)v->params;
+    c->velocity = (float *)v->velocity;
+    c->learning_rate = v->sgd.learning_rate;
+    c->momentum = v->sgd.momentum;
+    c->weight_decay = v->sgd.weight_decay;
+    c->job_text = (char *)v->job_text;
+    c->n_history = (uint32_t)v->eval->n_history;
+    c->clocks = malloc((groups ? groups : 1) * sizeof(uint64_t));
+    c->history = calloc(c->n_history ? c->n_history : 1, sizeof(*c->history));
+    c->members = members_text(v->members, v->groups);
+    if (!c->clocks || !c->history || !c->members || omv_tuner_save(v->tuner, omv_time_s(),
+                                                                    &c->opt) < 0)
+        return -ENOMEM;
+    for (uint32_t g = 0; g < groups; g++)
+        c->clocks[g] = omv_groups_clock(v->groups, g);
+    for (size_t i = 0; i < v->eval->n_history; i++) {
+        const eval_point_t *h = &v->eval->history[i];
+        c->history[i] = (omv_checkpoint_eval_t){h->epoch, h->wall_s, h->accuracy, h->loss};
+    }
+    return 0;
+}
+
+int omv_run_ckpt_write(omv_run_ckpt_t *self, const omv_run_ckpt_view_t *view)
+{
+    double t0 = omv_time_s();
+    omv_checkpoint_t c;
+    memset(&c, 0, sizeof(c));
+    c.seq = ++self->seq;
+    char err[OMV_CHECKPOINT_ERR_MAX] = "out of memory";
+    int r = fill(&c, view);
+    if (r == 0)
+        r = omv_checkpoint_write(&c, self->dir, self->last_path, sizeof(self->last_path), err);
+    self->due = 0;
+    self->last_s = omv_time_s();
+    uint64_t step = omv_groups_min_clock(view->groups);
+    self->last_step = step == UINT64_MAX ? 0 : step;
+    if (r < 0) {
+        self->failed_total++;
+        omv_log_error("checkpoint %" PRIu64 " failed: %s", c.seq, err);
+    } else {
+        self->written_total++;
+        self->last_ms = (omv_time_s() - t0) * 1000.0;
+        int removed = omv_checkpoint_prune(self->dir, (unsigned)view->job->checkpoint_keep);
+        omv_log_info("checkpoint %s written in %.0f ms (epoch %.2f, %" PRIu64 " images)%s",
+                     self->last_path, self->last_ms, view->epoch, view->images_total,
+                     removed > 0 ? "; older ones pruned" : "");
+    }
+    /* Borrowed, not ours to free. */
+    c.params = NULL;
+    c.velocity = NULL;
+    c.job_text = NULL;
+    omv_checkpoint_fini(&c);
+    return r;
+}
+
+static void report_bad(void *ctx, const char *path, const char *reason)
+{
+    (void)ctx;
+    (void)path;
+    omv_log_warn("skipping checkpoint: %s", reason);
+}
+
+int omv_run_ckpt_find(omv_run_ckpt_t *self, const omv_job_t *job, size_t param_count,
+                      uint32_t max_groups, omv_checkpoint_t *ret)
+{
+    if (!self->enabled || !job->checkpoint_resume)
+        return 0;
+    char path[sizeof(self->resumed_from)];
+    int r = omv_checkpoint_load_latest(ret, self->dir, path, sizeof(path), report_bad, NULL);
+    if (r < 0) {
+        omv_log_error("cannot read checkpoint folder %s: %s", self->dir, omv_strerror(r));
+        return r;
+    }
+    if (r == 0) {
+        omv_log_info("no checkpoint to resume in %s: starting from scratch", self->dir);
+        return 0;
+    }
+    if (ret->param_count != param_count || ret->n_groups > max_groups) {
+        omv_log_error("%s was written for a model of %" PRIu64 " parameters in %u groups, but "
+                      "job '%s' has %zu parameters and room for %u groups: move the folder %s "
+                      "away, or set [checkpoint] resume = no to start from scratch",
+                      path, ret->param_count, ret->n_groups, job->name, param_count, max_groups,
+                      self->dir);
+        omv_checkpoint_fini(ret);
+        return -EINVAL;
+    }
+    self->seq = ret->seq;
+    omv_strlcpy(self->resumed_from, path, sizeof(self->resumed_from));
+    omv_strlcpy(self->last_path, path, sizeof(self->last_path));
+    return 1;
+}
