@@ -59,7 +59,7 @@ int omv_jobs_parse(const char *path, char *const *sets, int n_sets, omv_job_t **
     if (r >= 0)
         r = omv_job_validate(job, path, err);
     if (r >= 0)
-        r = omv_run_check_job(job, NULL, err);
+        r = omv_run_check_job(job, NULL, NULL, err);
     if (r < 0) {
         free(job);
         free(text);

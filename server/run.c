@@ -806,7 +806,8 @@ void omv_run_cron(omv_run_t *r)
 
 /* ---- making and freeing ---- */
 
-int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, char *err)
+int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
+                      char *err)
 {
     uint32_t count, channels, rows, cols;
     if (omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
@@ -833,6 +834,8 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, char *err)
         return -EINVAL;
     if (ret_train_count)
         *ret_train_count = count;
+    if (ret_worker_batch)
+        *ret_worker_batch = worker_batch;
     return 0;
 }
 
@@ -894,14 +897,13 @@ static int setup_model(omv_run_t *r)
 {
     char err[OMV_CONFIG_ERR_MAX];
     const omv_job_t *j = &r->job;
-    int e = omv_run_check_job(j, &r->train_count, err);
+    int e = omv_run_check_job(j, &r->train_count, &r->worker_batch, err);
     if (e == 0)
         e = omv_model_parse(&r->layout, j->model_text, j->model_name, err);
     if (e < 0) {
         omv_log_error("%s", err);
         return -EINVAL;
     }
-    r->worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
     r->target_images = (uint64_t)r->train_count * (uint64_t)j->epochs;
     log_model(r);
     /* Room for workers that join beyond the planned ones, and for replacements; and for as

@@ -98,10 +98,12 @@ typedef struct {
     int recorded;   /* its end is in the finished jobs */
 } omv_run_t;
 
-/* Checks what a run would check without making one: the data set's shape against the model.
- * Returns 0, with the images it trains on in *ret_train_count when not NULL, or -EINVAL with
- * the reason in err[OMV_CONFIG_ERR_MAX]. */
-int omv_run_check_job(const omv_job_t *job, uint32_t *ret_train_count, char *err);
+/* Checks what a run would check without making one: the data set's shape against the model,
+ * and that every worker gets a batch. Returns 0, with the images it trains on and each worker's
+ * batch in *ret_train_count and *ret_worker_batch (either may be NULL), or -EINVAL with the
+ * reason in err[OMV_CONFIG_ERR_MAX]. */
+int omv_run_check_job(const omv_job_t *job, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
+                      char *err);
 
 /* Makes the run of job (copied; path names it in logs, text is copied for checkpoints): model,
  * shards and their executors, groups, checkpoints, resuming from the newest. Returns NULL with

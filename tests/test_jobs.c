@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checkpoint.h"
 #include "cluster_util.h"
 #include "control.h"
 #include "strbuf.h"
@@ -75,6 +76,40 @@ static void worker_ids(char *ids, size_t cap)
     omv_strbuf_fini(&body);
 }
 
+static void no_bad(void *ctx, const char *path, const char *reason)
+{
+    (void)ctx;
+    ck_abort_msg("%s: %s", path, reason);
+}
+
+/* The whole file at path (the caller frees it). */
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    static char buf[65536];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strdup(buf);
+}
+
+/* Replaces `from` with `to` in the job file, atomically (a new file renamed over it). */
+static void edit_job_file(const char *from, const char *to)
+{
+    char *text = read_file(job_path);
+    char *at = strstr(text, from);
+    ck_assert_ptr_nonnull(at);
+    char tmp[700];
+    snprintf(tmp, sizeof(tmp), "%s.new", job_path);
+    FILE *f = fopen(tmp, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(rename(tmp, job_path), 0);
+    free(text);
+}
+
 START_TEST(test_queue_runs_jobs_with_the_same_workers)
 {
     write_job(2, 2, "");
@@ -106,6 +141,10 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_msg(has_text(out, "\nstate:queued\nposition:1\n"), "%s", out);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "jobs"), 0);
     ck_assert_msg(has_text(out, "# queued_2\nposition:1\nname:second\n"), "%s", out);
+    /* The file is read once, at submit: editing it while the job waits changes nothing. */
+    char *original = read_file(job_path);
+    ck_assert_ptr_nonnull(strstr(original, "learning_rate = 0.05\n"));
+    edit_job_file("learning_rate = 0.05\n", "learning_rate = 0.5\n");
 
     wait_jobs_text("finished_total", "2", 60000, out, sizeof(out));
     /* Newest first; both done, with a real accuracy (4 well separated classes). */
@@ -131,6 +170,16 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_str_eq(ids_after, ids_before);
     ck_assert_int_eq(status_field("rejoins_total"), 0);
     ck_assert_int_eq(status_field("refused_total"), 0);
+    /* The second job ran with the text it was submitted with, and its checkpoint keeps it. */
+    char dir[700];
+    snprintf(dir, sizeof(dir), "%s/checkpoints/second", test_dir);
+    omv_checkpoint_t c;
+    char path[800];
+    ck_assert_int_eq(omv_checkpoint_load_latest(&c, dir, path, sizeof(path), no_bad, NULL), 1);
+    ck_assert_ptr_nonnull(c.job_text);
+    ck_assert_str_eq(c.job_text, original);
+    omv_checkpoint_fini(&c);
+    free(original);
 
     /* Bad submissions are refused with the reason, and change nothing. */
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "submit /nonexistent/job.ini"), 2);
