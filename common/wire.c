@@ -49,8 +49,8 @@ const char *omv_refuse_name(omv_refuse_t code)
 }
 
 static const char *const msg_names[] = {
-    "none",   "hello",     "welcome",      "pull",        "params", "push",
-    "heartbeat", "eval_request", "eval_result", "error",  "stop", "leave",
+    "none",      "hello",        "welcome",     "pull",  "params", "push",
+    "heartbeat", "eval_request", "eval_result", "error", "stop",   "leave",
 };
 
 const char *omv_msg_name(omv_msg_type_t type)
@@ -74,139 +74,192 @@ uint32_t omv_wire_payload_count(const omv_msg_t *msg)
     }
 }
 
-int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_len)
-{
-    Omnivore__Envelope env = OMNIVORE__ENVELOPE__INIT;
-    Omnivore__Hello hello = OMNIVORE__HELLO__INIT;
-    Omnivore__Welcome welcome = OMNIVORE__WELCOME__INIT;
-    Omnivore__JobSpec job = OMNIVORE__JOB_SPEC__INIT;
-    Omnivore__Pull pull = OMNIVORE__PULL__INIT;
-    Omnivore__Params params = OMNIVORE__PARAMS__INIT;
-    Omnivore__Push push = OMNIVORE__PUSH__INIT;
-    Omnivore__Heartbeat heartbeat = OMNIVORE__HEARTBEAT__INIT;
-    Omnivore__EvalRequest ereq = OMNIVORE__EVAL_REQUEST__INIT;
-    Omnivore__EvalResult eres = OMNIVORE__EVAL_RESULT__INIT;
-    Omnivore__Error error = OMNIVORE__ERROR__INIT;
-    Omnivore__Stop stop = OMNIVORE__STOP__INIT;
-    Omnivore__Leave leave = OMNIVORE__LEAVE__INIT;
+/* The protobuf-c messages one envelope points to while it is packed: its body, and beside a
+ * welcome its job. They live on the encoder's stack, so packing allocates nothing. */
+typedef struct {
+    union {
+        Omnivore__Hello hello;
+        Omnivore__Welcome welcome;
+        Omnivore__Pull pull;
+        Omnivore__Params params;
+        Omnivore__Push push;
+        Omnivore__Heartbeat heartbeat;
+        Omnivore__EvalRequest eval_request;
+        Omnivore__EvalResult eval_result;
+        Omnivore__Error error;
+        Omnivore__Stop stop;
+        Omnivore__Leave leave;
+    } u;
+    Omnivore__JobSpec job;
+} bodies_t;
 
+static Omnivore__Hello *encode_hello(const omv_hello_t *h, Omnivore__Hello *out)
+{
+    *out = (Omnivore__Hello)OMNIVORE__HELLO__INIT;
+    out->protocol_version = h->protocol_version;
+    out->role = (Omnivore__Role)h->role;
+    out->hostname = (char *)h->hostname;
+    out->pid = h->pid;
+    out->threads = h->threads;
+    out->previous_worker_id = h->previous_worker_id;
+    out->name = (char *)h->name;
+    return out;
+}
+
+/* The job points into j: j must outlive the packing. */
+static void encode_jobspec(const omv_jobspec_t *j, Omnivore__JobSpec *out)
+{
+    *out = (Omnivore__JobSpec)OMNIVORE__JOB_SPEC__INIT;
+    out->name = (char *)j->name;
+    out->n_layers = j->n_layers;
+    out->layers = (uint32_t *)j->layers;
+    out->model = (char *)j->model;
+    out->data_format = (char *)j->data_format;
+    out->scale = j->scale;
+    out->n_mean = j->n_mean;
+    out->mean = (float *)j->mean;
+    out->n_std = j->n_std;
+    out->std = (float *)j->std;
+    out->train_images = (char *)j->train_images;
+    out->train_labels = (char *)j->train_labels;
+    out->test_images = (char *)j->test_images;
+    out->test_labels = (char *)j->test_labels;
+    out->batch_size = j->batch_size;
+    out->seed = j->seed;
+    out->slice_begin = j->slice_begin;
+    out->slice_count = j->slice_count;
+    out->steps_per_epoch = j->steps_per_epoch;
+    out->total_steps = j->total_steps;
+    out->param_count = j->param_count;
+    out->n_shard_offsets = j->n_shards + 1;
+    out->shard_offsets = (uint32_t *)j->shard_offsets;
+    out->eval_batch_size = j->eval_batch_size;
+}
+
+/* An idle worker's welcome carries no job. */
+static Omnivore__Welcome *encode_welcome(const omv_welcome_t *w, Omnivore__Welcome *out,
+                                         Omnivore__JobSpec *job)
+{
+    *out = (Omnivore__Welcome)OMNIVORE__WELCOME__INIT;
+    out->protocol_version = w->protocol_version;
+    out->worker_id = w->worker_id;
+    out->group = w->group;
+    out->start_step = w->start_step;
+    out->idle = w->idle != 0;
+    if (!w->idle) {
+        encode_jobspec(&w->job, job);
+        out->job = job;
+    }
+    return out;
+}
+
+static Omnivore__Params *encode_params(const omv_params_t *p, Omnivore__Params *out)
+{
+    *out = (Omnivore__Params)OMNIVORE__PARAMS__INIT;
+    out->step = p->step;
+    out->shard = p->shard;
+    out->offset = p->offset;
+    out->count = p->count;
+    out->group = p->group;
+    out->slice_begin = p->slice_begin;
+    out->slice_count = p->slice_count;
+    out->batch = p->batch;
+    return out;
+}
+
+static Omnivore__Push *encode_push(const omv_push_t *p, Omnivore__Push *out)
+{
+    *out = (Omnivore__Push)OMNIVORE__PUSH__INIT;
+    out->worker_id = p->worker_id;
+    out->step = p->step;
+    out->shard = p->shard;
+    out->offset = p->offset;
+    out->count = p->count;
+    out->loss = p->loss;
+    out->samples = p->samples;
+    out->compute_ms = p->compute_ms;
+    return out;
+}
+
+static Omnivore__EvalResult *encode_eval_result(const omv_eval_result_t *e,
+                                                Omnivore__EvalResult *out)
+{
+    *out = (Omnivore__EvalResult)OMNIVORE__EVAL_RESULT__INIT;
+    out->worker_id = e->worker_id;
+    out->eval_id = e->eval_id;
+    out->correct = e->correct;
+    out->total = e->total;
+    out->loss = e->loss;
+    return out;
+}
+
+/* Points env at msg's body, converted into b (which borrows msg's strings and arrays). Returns
+ * 0, or -EINVAL for a type that has no body. */
+static int encode_body(const omv_msg_t *msg, Omnivore__Envelope *env, bodies_t *b)
+{
     switch (msg->type) {
-    case OMV_MSG_HELLO: {
-        const omv_hello_t *h = &msg->u.hello;
-        hello.protocol_version = h->protocol_version;
-        hello.role = (Omnivore__Role)h->role;
-        hello.hostname = (char *)h->hostname;
-        hello.pid = h->pid;
-        hello.threads = h->threads;
-        hello.previous_worker_id = h->previous_worker_id;
-        hello.name = (char *)h->name;
-        env.hello = &hello;
-        break;
-    }
-    case OMV_MSG_WELCOME: {
-        const omv_welcome_t *w = &msg->u.welcome;
-        const omv_jobspec_t *j = &w->job;
-        welcome.protocol_version = w->protocol_version;
-        welcome.worker_id = w->worker_id;
-        welcome.group = w->group;
-        welcome.start_step = w->start_step;
-        welcome.idle = w->idle != 0;
-        job.name = (char *)j->name;
-        job.n_layers = j->n_layers;
-        job.layers = (uint32_t *)j->layers;
-        job.model = (char *)j->model;
-        job.data_format = (char *)j->data_format;
-        job.scale = j->scale;
-        job.n_mean = j->n_mean;
-        job.mean = (float *)j->mean;
-        job.n_std = j->n_std;
-        job.std = (float *)j->std;
-        job.train_images = (char *)j->train_images;
-        job.train_labels = (char *)j->train_labels;
-        job.test_images = (char *)j->test_images;
-        job.test_labels = (char *)j->test_labels;
-        job.batch_size = j->batch_size;
-        job.seed = j->seed;
-        job.slice_begin = j->slice_begin;
-        job.slice_count = j->slice_count;
-        job.steps_per_epoch = j->steps_per_epoch;
-        job.total_steps = j->total_steps;
-        job.param_count = j->param_count;
-        job.n_shard_offsets = j->n_shards + 1;
-        job.shard_offsets = (uint32_t *)j->shard_offsets;
-        job.eval_batch_size = j->eval_batch_size;
-        welcome.job = w->idle ? NULL : &job;
-        env.welcome = &welcome;
-        break;
-    }
+    case OMV_MSG_HELLO:
+        env->hello = encode_hello(&msg->u.hello, &b->u.hello);
+        return 0;
+    case OMV_MSG_WELCOME:
+        env->welcome = encode_welcome(&msg->u.welcome, &b->u.welcome, &b->job);
+        return 0;
     case OMV_MSG_PULL:
-        pull.worker_id = msg->u.pull.worker_id;
-        pull.step = msg->u.pull.step;
-        env.pull = &pull;
-        break;
-    case OMV_MSG_PARAMS: {
-        const omv_params_t *p = &msg->u.params;
-        params.step = p->step;
-        params.shard = p->shard;
-        params.offset = p->offset;
-        params.count = p->count;
-        params.group = p->group;
-        params.slice_begin = p->slice_begin;
-        params.slice_count = p->slice_count;
-        params.batch = p->batch;
-        env.params = &params;
-        break;
-    }
-    case OMV_MSG_PUSH: {
-        const omv_push_t *p = &msg->u.push;
-        push.worker_id = p->worker_id;
-        push.step = p->step;
-        push.shard = p->shard;
-        push.offset = p->offset;
-        push.count = p->count;
-        push.loss = p->loss;
-        push.samples = p->samples;
-        push.compute_ms = p->compute_ms;
-        env.push = &push;
-        break;
-    }
+        b->u.pull = (Omnivore__Pull)OMNIVORE__PULL__INIT;
+        b->u.pull.worker_id = msg->u.pull.worker_id;
+        b->u.pull.step = msg->u.pull.step;
+        env->pull = &b->u.pull;
+        return 0;
+    case OMV_MSG_PARAMS:
+        env->params = encode_params(&msg->u.params, &b->u.params);
+        return 0;
+    case OMV_MSG_PUSH:
+        env->push = encode_push(&msg->u.push, &b->u.push);
+        return 0;
     case OMV_MSG_HEARTBEAT:
-        heartbeat.worker_id = msg->u.heartbeat.worker_id;
-        env.heartbeat = &heartbeat;
-        break;
+        b->u.heartbeat = (Omnivore__Heartbeat)OMNIVORE__HEARTBEAT__INIT;
+        b->u.heartbeat.worker_id = msg->u.heartbeat.worker_id;
+        env->heartbeat = &b->u.heartbeat;
+        return 0;
     case OMV_MSG_EVAL_REQUEST:
-        ereq.eval_id = msg->u.eval_request.eval_id;
-        ereq.count = msg->u.eval_request.count;
-        env.eval_request = &ereq;
-        break;
-    case OMV_MSG_EVAL_RESULT: {
-        const omv_eval_result_t *e = &msg->u.eval_result;
-        eres.worker_id = e->worker_id;
-        eres.eval_id = e->eval_id;
-        eres.correct = e->correct;
-        eres.total = e->total;
-        eres.loss = e->loss;
-        env.eval_result = &eres;
-        break;
-    }
+        b->u.eval_request = (Omnivore__EvalRequest)OMNIVORE__EVAL_REQUEST__INIT;
+        b->u.eval_request.eval_id = msg->u.eval_request.eval_id;
+        b->u.eval_request.count = msg->u.eval_request.count;
+        env->eval_request = &b->u.eval_request;
+        return 0;
+    case OMV_MSG_EVAL_RESULT:
+        env->eval_result = encode_eval_result(&msg->u.eval_result, &b->u.eval_result);
+        return 0;
     case OMV_MSG_ERROR:
-        error.code = (Omnivore__ErrorCode)msg->u.error.code;
-        error.reason = (char *)msg->u.error.reason;
-        env.error = &error;
-        break;
+        b->u.error = (Omnivore__Error)OMNIVORE__ERROR__INIT;
+        b->u.error.code = (Omnivore__ErrorCode)msg->u.error.code;
+        b->u.error.reason = (char *)msg->u.error.reason;
+        env->error = &b->u.error;
+        return 0;
     case OMV_MSG_STOP:
-        stop.reason = (char *)msg->u.stop.reason;
-        stop.reconnect = msg->u.stop.reconnect != 0;
-        env.stop = &stop;
-        break;
+        b->u.stop = (Omnivore__Stop)OMNIVORE__STOP__INIT;
+        b->u.stop.reason = (char *)msg->u.stop.reason;
+        b->u.stop.reconnect = msg->u.stop.reconnect != 0;
+        env->stop = &b->u.stop;
+        return 0;
     case OMV_MSG_LEAVE:
-        leave.worker_id = msg->u.leave.worker_id;
-        leave.reason = (char *)msg->u.leave.reason;
-        env.leave = &leave;
-        break;
+        b->u.leave = (Omnivore__Leave)OMNIVORE__LEAVE__INIT;
+        b->u.leave.worker_id = msg->u.leave.worker_id;
+        b->u.leave.reason = (char *)msg->u.leave.reason;
+        env->leave = &b->u.leave;
+        return 0;
     default:
         return -EINVAL;
     }
+}
+
+int omv_wire_encode(const omv_msg_t *msg, uint8_t *buf, size_t cap, size_t *ret_len)
+{
+    Omnivore__Envelope env = OMNIVORE__ENVELOPE__INIT;
+    bodies_t bodies;
+    int r = encode_body(msg, &env, &bodies);
+    if (r < 0)
+        return r;
     /* Our type numbers are the envelope's oneof field numbers. */
     env.body_case = (Omnivore__Envelope__BodyCase)msg->type;
     size_t need = omnivore__envelope__get_packed_size(&env);
@@ -245,8 +298,8 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
         copy_str(out->test_images, OMV_JOB_PATH_MAX, j->test_images, "path", why) < 0 ||
         copy_str(out->test_labels, OMV_JOB_PATH_MAX, j->test_labels, "path", why) < 0 ||
         copy_str(out->model, sizeof(out->model), j->model, "model definition", why) < 0 ||
-        copy_str(out->data_format, sizeof(out->data_format), j->data_format, "data format",
-                 why) < 0)
+        copy_str(out->data_format, sizeof(out->data_format), j->data_format, "data format", why) <
+            0)
         return -EPROTO;
     out->n_layers = (uint32_t)j->n_layers;
     memcpy(out->layers, j->layers, j->n_layers * sizeof(uint32_t));
@@ -289,8 +342,8 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.hello.previous_worker_id = h->previous_worker_id;
         if (copy_str(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
             return -EPROTO;
-        return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname,
-                        "hostname", why);
+        return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname, "hostname",
+                        why);
     }
     case OMNIVORE__ENVELOPE__BODY_WELCOME:
         m->u.welcome.protocol_version = env->welcome->protocol_version;
@@ -313,8 +366,8 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {
         const Omnivore__Push *p = env->push;
-        m->u.push = (omv_push_t){p->worker_id, p->step,    p->shard,      p->offset,
-                                 p->count,     p->loss,    p->samples,    p->compute_ms};
+        m->u.push = (omv_push_t){p->worker_id, p->step, p->shard,   p->offset,
+                                 p->count,     p->loss, p->samples, p->compute_ms};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_HEARTBEAT:
@@ -326,23 +379,21 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         return 0;
     case OMNIVORE__ENVELOPE__BODY_EVAL_RESULT: {
         const Omnivore__EvalResult *e = env->eval_result;
-        m->u.eval_result = (omv_eval_result_t){e->worker_id, e->eval_id, e->correct, e->total,
-                                               e->loss};
+        m->u.eval_result =
+            (omv_eval_result_t){e->worker_id, e->eval_id, e->correct, e->total, e->loss};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_ERROR:
         m->u.error.code = (unsigned)env->error->code < OMV_REFUSE_COUNT_
                               ? (omv_refuse_t)env->error->code
                               : OMV_REFUSE_MALFORMED;
-        return copy_str(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason",
-                        why);
+        return copy_str(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason", why);
     case OMNIVORE__ENVELOPE__BODY_STOP:
         m->u.stop.reconnect = env->stop->reconnect;
         return copy_str(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
     case OMNIVORE__ENVELOPE__BODY_LEAVE:
         m->u.leave.worker_id = env->leave->worker_id;
-        return copy_str(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason",
-                        why);
+        return copy_str(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason", why);
     default:
         FAIL("envelope has no message");
     }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -218,8 +219,8 @@ int omv_checkpoint_mkdirs(const char *dir)
     return make_dir(path);
 }
 
-int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path,
-                         size_t cap, char *err)
+int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path, size_t cap,
+                         char *err)
 {
     char path[4096], tmp[4200];
     int r = omv_checkpoint_mkdirs(dir);
@@ -339,12 +340,17 @@ static int read_optimizer(reader_t *s, omv_checkpoint_opt_t *o)
     return bad ? -EINVAL : 0;
 }
 
-#define BAD(...)                                                                                   \
-    do {                                                                                           \
-        snprintf(err, OMV_CHECKPOINT_ERR_MAX, __VA_ARGS__);                                        \
-        r = -EINVAL;                                                                               \
-        goto out;                                                                                  \
-    } while (0)
+/* Says what is wrong (printf-style, into err[OMV_CHECKPOINT_ERR_MAX]) and returns -EINVAL: the
+ * reader stops at the first damage it finds. */
+static int corrupt(char *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int corrupt(char *err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, OMV_CHECKPOINT_ERR_MAX, fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
 
 static char *dup_text(const unsigned char *p, uint64_t len)
 {
@@ -399,6 +405,190 @@ out:
     return r;
 }
 
+/* Checks the frame around the sections: the magic and format version at the start, the
+ * trailer's length and CRC-32 at the end. Returns the bytes before the trailer, or -EINVAL
+ * (damaged) or -ENOTSUP (another format) with the reason in err. */
+static int64_t check_frame(const unsigned char *buf, size_t len, const char *path, char *err)
+{
+    if (len < HEADER_BYTES + TRAILER_BYTES || memcmp(buf, MAGIC, 8) != 0)
+        return corrupt(err, "%s: not an omnivore checkpoint (%zu bytes, no magic)", path, len);
+    uint32_t format;
+    memcpy(&format, buf + 8, 4);
+    if (format != OMV_CHECKPOINT_FORMAT) {
+        snprintf(err, OMV_CHECKPOINT_ERR_MAX,
+                 "%s: checkpoint format %u, this daemon reads format %d", path, format,
+                 OMV_CHECKPOINT_FORMAT);
+        return -ENOTSUP;
+    }
+    const unsigned char *trailer = buf + len - TRAILER_BYTES;
+    uint64_t body;
+    uint32_t crc;
+    memcpy(&body, trailer, 8);
+    memcpy(&crc, trailer + 8, 4);
+    if (memcmp(trailer + 12, END_MAGIC, 4) != 0 || body != len - TRAILER_BYTES)
+        return corrupt(err,
+                       "%s: truncated (%zu bytes, the trailer is missing or names another length)",
+                       path, len);
+    /* crc32() takes an unsigned int of bytes at a time. */
+    uLong actual = crc32(0L, Z_NULL, 0);
+    for (size_t at = 0; at < body;) {
+        size_t chunk = body - at > (1u << 30) ? (1u << 30) : body - at;
+        actual = crc32(actual, buf + at, (uInt)chunk);
+        at += chunk;
+    }
+    if ((uint32_t)actual != crc)
+        return corrupt(err,
+                       "%s: checksum mismatch (stored %08x, computed %08x): the file is corrupt",
+                       path, crc, (uint32_t)actual);
+    return (int64_t)body;
+}
+
+/* The meta section: counters, sizes and the update rule, checked against the limits before any
+ * array they size is allocated. Returns 0 or -EINVAL. */
+static int read_meta(reader_t *s, omv_checkpoint_t *c)
+{
+    int bad = 0;
+    c->seq = get_u64(s, &bad);
+    c->finished = get_u32(s, &bad);
+    c->n_groups = get_u32(s, &bad);
+    c->images_total = get_u64(s, &bad);
+    c->steps_total = get_u64(s, &bad);
+    c->train_s = get_f64(s, &bad);
+    c->param_count = get_u64(s, &bad);
+    c->learning_rate = get_f64(s, &bad);
+    c->momentum = get_f64(s, &bad);
+    c->weight_decay = get_f64(s, &bad);
+    c->n_history = get_u32(s, &bad);
+    bad |= get(s, c->job_name, sizeof(c->job_name));
+    c->job_name[sizeof(c->job_name) - 1] = '\0';
+    if (bad || c->n_groups == 0 || c->n_groups > OMV_CHECKPOINT_MAX_GROUPS ||
+        c->param_count > OMV_CHECKPOINT_MAX_PARAMS || c->n_history > (1u << 24))
+        return -EINVAL;
+    return 0;
+}
+
+/* The parameters or the momentum (tag says which): param_count floats, so after the meta
+ * section. */
+static int read_floats(reader_t *s, uint32_t tag, int have_meta, omv_checkpoint_t *c,
+                       const char *path, char *err)
+{
+    uint64_t slen = (uint64_t)(s->end - s->p);
+    if (!have_meta || slen != c->param_count * 4)
+        return corrupt(err, "%s: %s section of %" PRIu64 " bytes for %" PRIu64 " parameters", path,
+                       tag == TAG_PARAMS ? "parameter" : "momentum", slen, c->param_count);
+    float **dst = tag == TAG_PARAMS ? &c->params : &c->velocity;
+    if (*dst == NULL)
+        *dst = malloc(slen ? slen : 1);
+    if (*dst == NULL)
+        return corrupt(err, "%s: no memory for %" PRIu64 " bytes", path, slen);
+    memcpy(*dst, s->p, slen);
+    return 0;
+}
+
+/* The evaluation history: n_history points of four doubles, so after the meta section. */
+static int read_history(reader_t *s, int have_meta, omv_checkpoint_t *c, const char *path,
+                        char *err)
+{
+    uint64_t slen = (uint64_t)(s->end - s->p);
+    if (!have_meta || slen != (uint64_t)c->n_history * 32)
+        return corrupt(err, "%s: history section of %" PRIu64 " bytes for %u points", path, slen,
+                       c->n_history);
+    c->history = calloc(c->n_history ? c->n_history : 1, sizeof(*c->history));
+    if (c->history == NULL)
+        return corrupt(err, "%s: no memory", path);
+    int bad = 0;
+    for (uint32_t i = 0; i < c->n_history; i++) {
+        c->history[i].epoch = get_f64(s, &bad);
+        c->history[i].wall_s = get_f64(s, &bad);
+        c->history[i].accuracy = get_f64(s, &bad);
+        c->history[i].loss = get_f64(s, &bad);
+    }
+    return 0;
+}
+
+/* Reads one section (its bytes in s) into c. seen has a bit for every known section read so
+ * far: the sizes in meta must come before the sections they size. Sections of a later version
+ * are skipped. Returns 0 or -EINVAL with the reason in err. */
+static int read_section(reader_t *s, uint32_t tag, uint32_t seen, omv_checkpoint_t *c,
+                        const char *path, char *err)
+{
+    uint64_t slen = (uint64_t)(s->end - s->p);
+    int have_meta = (seen & (1u << TAG_META)) != 0;
+    switch (tag) {
+    case TAG_META:
+        if (read_meta(s, c) < 0)
+            return corrupt(err, "%s: the meta section is malformed", path);
+        return 0;
+    case TAG_CLOCKS:
+        if (!have_meta || slen != (uint64_t)c->n_groups * 8)
+            return corrupt(err, "%s: clocks section of %" PRIu64 " bytes for %u groups", path, slen,
+                           c->n_groups);
+        c->clocks = malloc(slen);
+        if (c->clocks == NULL)
+            return corrupt(err, "%s: no memory", path);
+        memcpy(c->clocks, s->p, slen);
+        return 0;
+    case TAG_PARAMS:
+    case TAG_VELOCITY:
+        return read_floats(s, tag, have_meta, c, path, err);
+    case TAG_HISTORY:
+        return read_history(s, have_meta, c, path, err);
+    case TAG_JOB_TEXT:
+        free(c->job_text);
+        c->job_text = dup_text(s->p, slen);
+        return 0;
+    case TAG_MEMBERS:
+        free(c->members);
+        c->members = dup_text(s->p, slen);
+        return 0;
+    case TAG_OPTIMIZER: {
+        int ro = read_optimizer(s, &c->opt);
+        if (ro == -ENOMEM)
+            return corrupt(err, "%s: no memory", path);
+        if (ro < 0)
+            return corrupt(err, "%s: the optimizer section (%" PRIu64 " bytes) is malformed", path,
+                           slen);
+        return 0;
+    }
+    default:
+        return 0; /* a later version's section */
+    }
+}
+
+/* Reads the sections between the header and the trailer into c, each known one at most once,
+ * and checks that the required ones were there. Returns 0 or -EINVAL with the reason in err. */
+static int read_sections(const unsigned char *p, const unsigned char *end, omv_checkpoint_t *c,
+                         const char *path, char *err)
+{
+    static const uint32_t required =
+        1u << TAG_META | 1u << TAG_CLOCKS | 1u << TAG_PARAMS | 1u << TAG_VELOCITY;
+    reader_t rd = {p, end};
+    uint32_t seen = 0; /* bit per known tag: each may appear once */
+    while (rd.p < rd.end) {
+        int bad = 0;
+        uint32_t tag = get_u32(&rd, &bad);
+        (void)get_u32(&rd, &bad);
+        uint64_t slen = get_u64(&rd, &bad);
+        if (bad || slen > (uint64_t)(rd.end - rd.p))
+            return corrupt(err, "%s: section %u runs past the end of the file", path, tag);
+        reader_t s = {rd.p, rd.p + slen};
+        rd.p += slen;
+        if (tag >= TAG_META && tag <= TAG_OPTIMIZER) {
+            if (seen & (1u << tag))
+                return corrupt(err, "%s: section %u appears twice", path, tag);
+            seen |= 1u << tag;
+        }
+        int r = read_section(&s, tag, seen, c, path, err);
+        if (r < 0)
+            return r;
+    }
+    if ((seen & required) != required)
+        return corrupt(err, "%s: a required section is missing", path);
+    if (c->n_history && c->history == NULL)
+        return corrupt(err, "%s: the history section is missing", path);
+    return 0;
+}
+
 int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
 {
     unsigned char *buf = NULL;
@@ -408,140 +598,12 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
         return r;
     omv_checkpoint_t c;
     memset(&c, 0, sizeof(c));
-    if (len < HEADER_BYTES + TRAILER_BYTES || memcmp(buf, MAGIC, 8) != 0)
-        BAD("%s: not an omnivore checkpoint (%zu bytes, no magic)", path, len);
-    uint32_t format;
-    memcpy(&format, buf + 8, 4);
-    if (format != OMV_CHECKPOINT_FORMAT) {
-        snprintf(err, OMV_CHECKPOINT_ERR_MAX,
-                 "%s: checkpoint format %u, this daemon reads format %d", path, format,
-                 OMV_CHECKPOINT_FORMAT);
-        r = -ENOTSUP;
-        goto out;
+    int64_t body = check_frame(buf, len, path, err);
+    r = body < 0 ? (int)body : read_sections(buf + HEADER_BYTES, buf + body, &c, path, err);
+    if (r == 0) {
+        *ret = c;
+        memset(&c, 0, sizeof(c));
     }
-    const unsigned char *trailer = buf + len - TRAILER_BYTES;
-    uint64_t body;
-    uint32_t crc;
-    memcpy(&body, trailer, 8);
-    memcpy(&crc, trailer + 8, 4);
-    if (memcmp(trailer + 12, END_MAGIC, 4) != 0 || body != len - TRAILER_BYTES)
-        BAD("%s: truncated (%zu bytes, the trailer is missing or names another length)", path,
-            len);
-    uLong actual = crc32(0L, Z_NULL, 0);
-    for (size_t at = 0; at < body;) {
-        size_t chunk = body - at > (1u << 30) ? (1u << 30) : body - at;
-        actual = crc32(actual, buf + at, (uInt)chunk);
-        at += chunk;
-    }
-    if ((uint32_t)actual != crc)
-        BAD("%s: checksum mismatch (stored %08x, computed %08x): the file is corrupt", path, crc,
-            (uint32_t)actual);
-
-    reader_t rd = {buf + HEADER_BYTES, buf + body};
-    int have_meta = 0, have_clocks = 0, have_params = 0, have_velocity = 0;
-    uint32_t seen = 0; /* bit per known tag: each may appear once */
-    while (rd.p < rd.end) {
-        int bad = 0;
-        uint32_t tag = get_u32(&rd, &bad);
-        (void)get_u32(&rd, &bad);
-        uint64_t slen = get_u64(&rd, &bad);
-        if (bad || slen > (uint64_t)(rd.end - rd.p))
-            BAD("%s: section %u runs past the end of the file", path, tag);
-        reader_t s = {rd.p, rd.p + slen};
-        rd.p += slen;
-        if (tag >= TAG_META && tag <= TAG_OPTIMIZER) {
-            if (seen & (1u << tag))
-                BAD("%s: section %u appears twice", path, tag);
-            seen |= 1u << tag;
-        }
-        switch (tag) {
-        case TAG_META:
-            c.seq = get_u64(&s, &bad);
-            c.finished = get_u32(&s, &bad);
-            c.n_groups = get_u32(&s, &bad);
-            c.images_total = get_u64(&s, &bad);
-            c.steps_total = get_u64(&s, &bad);
-            c.train_s = get_f64(&s, &bad);
-            c.param_count = get_u64(&s, &bad);
-            c.learning_rate = get_f64(&s, &bad);
-            c.momentum = get_f64(&s, &bad);
-            c.weight_decay = get_f64(&s, &bad);
-            c.n_history = get_u32(&s, &bad);
-            bad |= get(&s, c.job_name, sizeof(c.job_name));
-            c.job_name[sizeof(c.job_name) - 1] = '\0';
-            if (bad || c.n_groups == 0 || c.n_groups > OMV_CHECKPOINT_MAX_GROUPS ||
-                c.param_count > OMV_CHECKPOINT_MAX_PARAMS || c.n_history > (1u << 24))
-                BAD("%s: the meta section is malformed", path);
-            have_meta = 1;
-            break;
-        case TAG_CLOCKS:
-            if (!have_meta || slen != (uint64_t)c.n_groups * 8)
-                BAD("%s: clocks section of %" PRIu64 " bytes for %u groups", path, slen,
-                    c.n_groups);
-            c.clocks = malloc(slen);
-            if (c.clocks == NULL)
-                BAD("%s: no memory", path);
-            memcpy(c.clocks, s.p, slen);
-            have_clocks = 1;
-            break;
-        case TAG_PARAMS:
-        case TAG_VELOCITY: {
-            if (!have_meta || slen != c.param_count * 4)
-                BAD("%s: %s section of %" PRIu64 " bytes for %" PRIu64 " parameters", path,
-                    tag == TAG_PARAMS ? "parameter" : "momentum", slen, c.param_count);
-            float **dst = tag == TAG_PARAMS ? &c.params : &c.velocity;
-            if (*dst == NULL)
-                *dst = malloc(slen ? slen : 1);
-            if (*dst == NULL)
-                BAD("%s: no memory for %" PRIu64 " bytes", path, slen);
-            memcpy(*dst, s.p, slen);
-            if (tag == TAG_PARAMS)
-                have_params = 1;
-            else
-                have_velocity = 1;
-            break;
-        }
-        case TAG_HISTORY:
-            if (!have_meta || slen != (uint64_t)c.n_history * 32)
-                BAD("%s: history section of %" PRIu64 " bytes for %u points", path, slen,
-                    c.n_history);
-            c.history = calloc(c.n_history ? c.n_history : 1, sizeof(*c.history));
-            if (c.history == NULL)
-                BAD("%s: no memory", path);
-            for (uint32_t i = 0; i < c.n_history; i++) {
-                c.history[i].epoch = get_f64(&s, &bad);
-                c.history[i].wall_s = get_f64(&s, &bad);
-                c.history[i].accuracy = get_f64(&s, &bad);
-                c.history[i].loss = get_f64(&s, &bad);
-            }
-            break;
-        case TAG_JOB_TEXT:
-            free(c.job_text);
-            c.job_text = dup_text(s.p, slen);
-            break;
-        case TAG_MEMBERS:
-            free(c.members);
-            c.members = dup_text(s.p, slen);
-            break;
-        case TAG_OPTIMIZER: {
-            int ro = read_optimizer(&s, &c.opt);
-            if (ro == -ENOMEM)
-                BAD("%s: no memory", path);
-            if (ro < 0)
-                BAD("%s: the optimizer section (%" PRIu64 " bytes) is malformed", path, slen);
-            break;
-        }
-        default:
-            break; /* a later version's section */
-        }
-    }
-    if (!have_meta || !have_clocks || !have_params || !have_velocity)
-        BAD("%s: a required section is missing", path);
-    if (c.n_history && c.history == NULL)
-        BAD("%s: the history section is missing", path);
-    *ret = c;
-    memset(&c, 0, sizeof(c));
-out:
     omv_checkpoint_fini(&c);
     free(buf);
     return r;
@@ -611,8 +673,8 @@ static int list_dir(const char *dir, entry_t **ret_list)
     return (int)n;
 }
 
-int omv_checkpoint_load_latest(omv_checkpoint_t *ret, const char *dir, char *ret_path,
-                               size_t cap, omv_checkpoint_bad_fn bad, void *ctx)
+int omv_checkpoint_load_latest(omv_checkpoint_t *ret, const char *dir, char *ret_path, size_t cap,
+                               omv_checkpoint_bad_fn bad, void *ctx)
 {
     entry_t *list = NULL;
     int n = list_dir(dir, &list);

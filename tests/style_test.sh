@@ -1,10 +1,10 @@
 #!/bin/sh
 # The house rules a machine can check: the tree is clang-formatted, no product function is over
 # 100 lines, and no two files of the daemon's library call each other (no circle of files).
-# Usage: style_test.sh SOURCE_ROOT SERVER_LIBRARY
+# Usage: style_test.sh SOURCE_ROOT LIBRARY...
 set -u
 root=$1
-lib=$2
+shift
 cd "$root" || exit 1
 rc=0
 files=$(git ls-files '*.c' '*.h' 2>/dev/null)
@@ -29,9 +29,11 @@ if [ -n "$long" ]; then
     echo "style: the functions above are over 100 lines: split them"
     rc=1
 fi
-if ! tools/file_deps.sh "$lib"; then
-    echo "style: the files above call each other; make the arrows run one way"
-    rc=1
-fi
+for lib in "$@"; do
+    if ! tools/file_deps.sh "$lib"; then
+        echo "style: the files above in $lib call each other; make the arrows run one way"
+        rc=1
+    fi
+done
 [ $rc = 0 ] && echo "style: formatting, function length and file dependencies are clean"
 exit $rc

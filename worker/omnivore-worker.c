@@ -42,6 +42,144 @@ static void usage(FILE *out)
             "  -V, --version           the version and protocol version\n");
 }
 
+/* --role: trainer, or evaluator (also "eval"). Returns -1 to go on, or the exit status 2. */
+static int parse_role(const char *arg, omv_session_config_t *cfg)
+{
+    if (strcmp(arg, "trainer") == 0) {
+        cfg->role = OMV_ROLE_TRAINER;
+    } else if (strcmp(arg, "evaluator") == 0 || strcmp(arg, "eval") == 0) {
+        cfg->role = OMV_ROLE_EVALUATOR;
+    } else {
+        fprintf(stderr, "omnivore-worker: --role: '%s' is not trainer or evaluator\n", arg);
+        return 2;
+    }
+    return -1;
+}
+
+/* --server-timeout (opt 'T', more than 0) or --retry (opt 'R', 0 is forever): seconds, up to a
+ * million. Returns -1 to go on, or the exit status 2. */
+static int parse_seconds(int opt, const char *arg, omv_session_config_t *cfg)
+{
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end != '\0' || v < 0 || v > 1e6 || (opt == 'T' && v <= 0)) {
+        fprintf(stderr, "omnivore-worker: --%s: '%s' is not a number of seconds\n",
+                opt == 'T' ? "server-timeout" : "retry", arg);
+        return 2;
+    }
+    if (opt == 'T')
+        cfg->server_timeout_ms = (int)(v * 1000);
+    else
+        cfg->retry_ms = (int)(v * 1000);
+    return -1;
+}
+
+/* --step-delay-ms: MS, or MIN-MAX, from 0 to 60000. Returns -1 to go on, or the exit status 2. */
+static int parse_step_delay(const char *arg, omv_session_config_t *cfg)
+{
+    int lo = 0, hi = -1, n = 0;
+    if (sscanf(arg, "%d-%d%n", &lo, &hi, &n) != 2 || arg[n] != '\0') {
+        hi = -1;
+        if (sscanf(arg, "%d%n", &lo, &n) == 1 && arg[n] == '\0')
+            hi = lo;
+    }
+    if (lo < 0 || hi < lo || hi > 60000) {
+        fprintf(stderr,
+                "omnivore-worker: --step-delay-ms: '%s' is not MS or MIN-MAX (0 to 60000)\n", arg);
+        return 2;
+    }
+    cfg->delay_min_ms = lo;
+    cfg->delay_max_ms = hi;
+    return -1;
+}
+
+/* Takes one option (getopt's opt and its argument) into cfg. Returns -1 to go on, or the exit
+ * status: 0 after --help or --version, 2 for a bad option or value. */
+static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
+{
+    switch (opt) {
+    case 's':
+        cfg->endpoint = arg;
+        return -1;
+    case 'r':
+        return parse_role(arg, cfg);
+    case 't':
+        cfg->threads = atoi(arg);
+        if (cfg->threads < 1 || cfg->threads > 256) {
+            fprintf(stderr, "omnivore-worker: --threads: '%s' is not in [1, 256]\n", arg);
+            return 2;
+        }
+        return -1;
+    case 'H':
+        cfg->hello_timeout_ms = (int)(atof(arg) * 1000);
+        if (cfg->hello_timeout_ms <= 0) {
+            fprintf(stderr, "omnivore-worker: --hello-timeout: '%s' is not positive\n", arg);
+            return 2;
+        }
+        return -1;
+    case 'T':
+    case 'R':
+        return parse_seconds(opt, arg, cfg);
+    case 'n':
+        if (strlen(arg) >= 64) {
+            fprintf(stderr, "omnivore-worker: --name: '%s' is longer than 63 bytes\n", arg);
+            return 2;
+        }
+        cfg->name = arg;
+        return -1;
+    case 'D':
+        return parse_step_delay(arg, cfg);
+    case 'l':
+        if (omv_log_set_level_name(arg) < 0) {
+            fprintf(stderr,
+                    "omnivore-worker: --log-level: '%s' is not error, warn, info or debug\n", arg);
+            return 2;
+        }
+        return -1;
+    case 'h':
+        usage(stdout);
+        return 0;
+    case 'V':
+        printf("omnivore-worker %s (protocol %d)\n", OMV_VERSION, OMV_PROTOCOL_VERSION);
+        return 0;
+    default:
+        usage(stderr);
+        return 2;
+    }
+}
+
+/* Reads the command line into cfg (which holds the defaults). Returns -1 to go on, or the
+ * exit status. */
+static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
+{
+    static const struct option opts[] = {
+        {"server", required_argument, NULL, 's'},
+        {"role", required_argument, NULL, 'r'},
+        {"threads", required_argument, NULL, 't'},
+        {"hello-timeout", required_argument, NULL, 'H'},
+        {"log-level", required_argument, NULL, 'l'},
+        {"help", no_argument, NULL, 'h'},
+        {"server-timeout", required_argument, NULL, 'T'},
+        {"retry", required_argument, NULL, 'R'},
+        {"step-delay-ms", required_argument, NULL, 'D'},
+        {"name", required_argument, NULL, 'n'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    while ((c = getopt_long(argc, argv, "s:r:t:l:n:hV", opts, NULL)) != -1) {
+        int rc = parse_option(c, optarg, cfg);
+        if (rc >= 0)
+            return rc;
+    }
+    if (cfg->endpoint == NULL || cfg->endpoint[0] == '\0') {
+        fprintf(stderr,
+                "omnivore-worker: no server: give --server ENDPOINT or set OMNIVORE_SERVER\n");
+        return 2;
+    }
+    return -1;
+}
+
 int main(int argc, char **argv)
 {
     omv_log_set_ident("omnivore-worker");
@@ -55,104 +193,9 @@ int main(int argc, char **argv)
         .server_timeout_ms = 10000,
         .retry_ms = 300000,
     };
-    static const struct option opts[] = {
-        {"server", required_argument, NULL, 's'},  {"role", required_argument, NULL, 'r'},
-        {"threads", required_argument, NULL, 't'}, {"hello-timeout", required_argument, NULL, 'H'},
-        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-        {"server-timeout", required_argument, NULL, 'T'}, {"retry", required_argument, NULL, 'R'},
-        {"step-delay-ms", required_argument, NULL, 'D'}, {"name", required_argument, NULL, 'n'},
-        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
-    };
-    int c;
-    while ((c = getopt_long(argc, argv, "s:r:t:l:n:hV", opts, NULL)) != -1) {
-        switch (c) {
-        case 's':
-            cfg.endpoint = optarg;
-            break;
-        case 'r':
-            if (strcmp(optarg, "trainer") == 0) {
-                cfg.role = OMV_ROLE_TRAINER;
-            } else if (strcmp(optarg, "evaluator") == 0 || strcmp(optarg, "eval") == 0) {
-                cfg.role = OMV_ROLE_EVALUATOR;
-            } else {
-                fprintf(stderr, "omnivore-worker: --role: '%s' is not trainer or evaluator\n", optarg);
-                return 2;
-            }
-            break;
-        case 't':
-            cfg.threads = atoi(optarg);
-            if (cfg.threads < 1 || cfg.threads > 256) {
-                fprintf(stderr, "omnivore-worker: --threads: '%s' is not in [1, 256]\n", optarg);
-                return 2;
-            }
-            break;
-        case 'H':
-            cfg.hello_timeout_ms = (int)(atof(optarg) * 1000);
-            if (cfg.hello_timeout_ms <= 0) {
-                fprintf(stderr, "omnivore-worker: --hello-timeout: '%s' is not positive\n", optarg);
-                return 2;
-            }
-            break;
-        case 'T':
-        case 'R': {
-            char *end;
-            double v = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || v < 0 || v > 1e6 || (c == 'T' && v <= 0)) {
-                fprintf(stderr, "omnivore-worker: --%s: '%s' is not a number of seconds\n",
-                        c == 'T' ? "server-timeout" : "retry", optarg);
-                return 2;
-            }
-            if (c == 'T')
-                cfg.server_timeout_ms = (int)(v * 1000);
-            else
-                cfg.retry_ms = (int)(v * 1000);
-            break;
-        }
-        case 'n':
-            if (strlen(optarg) >= 64) {
-                fprintf(stderr, "omnivore-worker: --name: '%s' is longer than 63 bytes\n", optarg);
-                return 2;
-            }
-            cfg.name = optarg;
-            break;
-        case 'D': {
-            int lo = 0, hi = -1, n = 0;
-            if (sscanf(optarg, "%d-%d%n", &lo, &hi, &n) != 2 || optarg[n] != '\0') {
-                hi = -1;
-                if (sscanf(optarg, "%d%n", &lo, &n) == 1 && optarg[n] == '\0')
-                    hi = lo;
-            }
-            if (lo < 0 || hi < lo || hi > 60000) {
-                fprintf(stderr, "omnivore-worker: --step-delay-ms: '%s' is not MS or MIN-MAX "
-                                "(0 to 60000)\n", optarg);
-                return 2;
-            }
-            cfg.delay_min_ms = lo;
-            cfg.delay_max_ms = hi;
-            break;
-        }
-        case 'l':
-            if (omv_log_set_level_name(optarg) < 0) {
-                fprintf(stderr, "omnivore-worker: --log-level: '%s' is not error, warn, info or debug\n",
-                        optarg);
-                return 2;
-            }
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        case 'V':
-            printf("omnivore-worker %s (protocol %d)\n", OMV_VERSION, OMV_PROTOCOL_VERSION);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (cfg.endpoint == NULL || cfg.endpoint[0] == '\0') {
-        fprintf(stderr, "omnivore-worker: no server: give --server ENDPOINT or set OMNIVORE_SERVER\n");
-        return 2;
-    }
+    int rc = parse_args(argc, argv, &cfg);
+    if (rc >= 0)
+        return rc;
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;

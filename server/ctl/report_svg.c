@@ -440,25 +440,34 @@ static int range_of(const double *v, size_t n, size_t stride, double *lo, double
     return any;
 }
 
-void omv_report_svg(const omv_report_t *r, omv_strbuf_t *out)
-{
-    /* Empty lists still have an address to take members' addresses from. */
-    static const omv_report_train_t no_train;
-    static const omv_report_eval_t no_eval;
-    static const omv_report_change_t no_change;
-    const omv_report_train_t *tr = r->train ? r->train : &no_train;
-    const omv_report_eval_t *ev = r->eval ? r->eval : &no_eval;
-    const omv_report_change_t *ch = r->config ? r->config : &no_change;
-    const size_t ts = sizeof(*tr), es = sizeof(*ev);
+/* Everything one picture is drawn from: the report's lists (never NULL, so that a member's
+ * address can be taken for a strided series), the time axis, the configuration over time and
+ * the scales of the five panels. */
+typedef struct {
+    const omv_report_t *r;
+    const omv_report_train_t *tr;
+    const omv_report_eval_t *ev;
+    const omv_report_change_t *ch;
+    xaxis_t x;
+    const cfg_t *cf;
+    size_t n_cfg;
+    panel_t loss, acc, groups, mom, lr;
+    int loss_cut;     /* some losses lie above loss.hi and are drawn at its top */
+    double final_acc; /* the job's last test accuracy, NaN when there was none */
+} picture_t;
 
-    /* The time axis: from 0 (or earlier points) to the last thing that happened. */
+/* The time axis: from 0 (or earlier points) to the last thing that happened, in seconds,
+ * minutes or hours by how long that was. */
+static xaxis_t time_axis(const picture_t *pic)
+{
+    const omv_report_t *r = pic->r;
     xaxis_t x = {0, 0, 1, "s"};
     double lo = 0, hi = 0;
-    if (range_of(&tr->wall_s, r->n_train, ts, &lo, &hi))
+    if (range_of(&pic->tr->wall_s, r->n_train, sizeof(*pic->tr), &lo, &hi))
         x.lo = fmin(x.lo, lo), x.hi = fmax(x.hi, hi);
-    if (range_of(&ev->wall_s, r->n_eval, es, &lo, &hi))
+    if (range_of(&pic->ev->wall_s, r->n_eval, sizeof(*pic->ev), &lo, &hi))
         x.lo = fmin(x.lo, lo), x.hi = fmax(x.hi, hi);
-    if (range_of(&ch->wall_s, r->n_config, sizeof(*ch), &lo, &hi))
+    if (range_of(&pic->ch->wall_s, r->n_config, sizeof(*pic->ch), &lo, &hi))
         x.lo = fmin(x.lo, lo), x.hi = fmax(x.hi, hi);
     if (isfinite(r->wall_s))
         x.hi = fmax(x.hi, r->wall_s);
@@ -468,76 +477,91 @@ void omv_report_svg(const omv_report_t *r, omv_strbuf_t *out)
         x.div = 3600, x.unit = "h";
     else if (x.hi - x.lo >= 300)
         x.div = 60, x.unit = "min";
+    return x;
+}
 
-    size_t n_cfg = 0;
-    cfg_t *cfg = config_timeline(r, x.hi, &n_cfg);
-    static const cfg_t no_cfg;
-    const cfg_t *cf = cfg ? cfg : &no_cfg; /* out of memory: drawn as no data */
-
-    /* Panel (a): losses, with rare spikes (a probe's learning rate too high) cut off at the
-     * top rather than flattening everything else. */
-    panel_t loss = {110, 200, 0, 1, 0, 0, 0};
+/* Panel (a): losses, with rare spikes (a probe's learning rate too high) cut off at the top
+ * rather than flattening everything else. */
+static void scale_loss(picture_t *pic)
+{
+    const omv_report_t *r = pic->r;
+    pic->loss = (panel_t){110, 200, 0, 1, 0, 0, 0};
     size_t n_loss = 0;
     double *all = malloc((r->n_train + r->n_eval + 1) * sizeof(double));
     for (size_t i = 0; all && i < r->n_train; i++)
-        if (isfinite(tr[i].train_loss))
-            all[n_loss++] = tr[i].train_loss;
+        if (isfinite(pic->tr[i].train_loss))
+            all[n_loss++] = pic->tr[i].train_loss;
     for (size_t i = 0; all && i < r->n_eval; i++)
-        if (isfinite(ev[i].test_loss))
-            all[n_loss++] = ev[i].test_loss;
-    int cut = 0;
+        if (isfinite(pic->ev[i].test_loss))
+            all[n_loss++] = pic->ev[i].test_loss;
     if (n_loss > 0) {
         qsort(all, n_loss, sizeof(double), cmp_double);
         double top = all[n_loss - 1], p90 = all[(size_t)((double)(n_loss - 1) * 0.9)];
-        linear_range(&loss, fmin(0, all[0]), p90 > 0 && top > 4 * p90 ? 4 * p90 : top, 4);
-        cut = top > loss.hi;
-        loss.has_data = 1;
+        linear_range(&pic->loss, fmin(0, all[0]), p90 > 0 && top > 4 * p90 ? 4 * p90 : top, 4);
+        pic->loss_cut = top > pic->loss.hi;
+        pic->loss.has_data = 1;
     }
     free(all);
+}
 
-    /* Panel (b): test accuracy, in tenths around what was reached. */
-    panel_t acc = {350, 150, 0, 1, 0, 0, 0};
-    if (range_of(&ev->test_accuracy, r->n_eval, es, &lo, &hi)) {
-        acc.lo = fmax(0, floor(lo * 10 - 1e-9) / 10);
-        acc.hi = fmin(1, ceil(hi * 10 + 1e-9) / 10);
-        if (!(acc.hi > acc.lo))
-            acc.lo = fmax(0, acc.hi - 0.1);
-        acc.has_data = 1;
+/* Panel (b): test accuracy, in tenths around what was reached. */
+static void scale_accuracy(picture_t *pic)
+{
+    pic->acc = (panel_t){350, 150, 0, 1, 0, 0, 0};
+    double lo = 0, hi = 0;
+    if (range_of(&pic->ev->test_accuracy, pic->r->n_eval, sizeof(*pic->ev), &lo, &hi)) {
+        pic->acc.lo = fmax(0, floor(lo * 10 - 1e-9) / 10);
+        pic->acc.hi = fmin(1, ceil(hi * 10 + 1e-9) / 10);
+        if (!(pic->acc.hi > pic->acc.lo))
+            pic->acc.lo = fmax(0, pic->acc.hi - 0.1);
+        pic->acc.has_data = 1;
     }
+}
 
-    /* Panel (c): three lanes. */
-    panel_t groups = {540, 60, 0, 1, 0, 0, 6}, mom = {624, 60, 0, 1, 0, 0, 6};
-    panel_t lr = {708, 80, -3, -1, 1, 0, 6};
-    if (range_of(&cf->groups, n_cfg, sizeof(*cfg), &lo, &hi)) {
-        groups.hi = fmax(1, ceil(hi));
-        groups.has_data = 1;
+/* Panel (c): three lanes, for the groups, the momentum and (on a log scale, whole powers of
+ * ten) the learning rate. */
+static void scale_config(picture_t *pic)
+{
+    const cfg_t *cf = pic->cf;
+    size_t n = pic->n_cfg;
+    pic->groups = (panel_t){540, 60, 0, 1, 0, 0, 6};
+    pic->mom = (panel_t){624, 60, 0, 1, 0, 0, 6};
+    pic->lr = (panel_t){708, 80, -3, -1, 1, 0, 6};
+    double lo = 0, hi = 0;
+    if (range_of(&cf->groups, n, sizeof(*cf), &lo, &hi)) {
+        pic->groups.hi = fmax(1, ceil(hi));
+        pic->groups.has_data = 1;
     }
-    if (range_of(&cf->momentum, n_cfg, sizeof(*cfg), &lo, &hi)) {
-        mom.lo = fmin(0, floor(lo));
-        mom.hi = fmax(1, ceil(hi));
-        mom.has_data = 1;
+    if (range_of(&cf->momentum, n, sizeof(*cf), &lo, &hi)) {
+        pic->mom.lo = fmin(0, floor(lo));
+        pic->mom.hi = fmax(1, ceil(hi));
+        pic->mom.has_data = 1;
     }
+    panel_t *lr = &pic->lr;
     int any_lr = 0;
-    for (size_t i = 0; i < n_cfg; i++) {
+    for (size_t i = 0; i < n; i++) {
         double v = cf[i].learning_rate;
         if (!(isfinite(v) && v > 0))
             continue;
         double e = log10(v);
-        lr.lo = any_lr ? fmin(lr.lo, floor(e + 1e-9)) : floor(e + 1e-9);
-        lr.hi = any_lr ? fmax(lr.hi, ceil(e - 1e-9)) : ceil(e - 1e-9);
+        lr->lo = any_lr ? fmin(lr->lo, floor(e + 1e-9)) : floor(e + 1e-9);
+        lr->hi = any_lr ? fmax(lr->hi, ceil(e - 1e-9)) : ceil(e - 1e-9);
         any_lr = 1;
     }
-    if (any_lr && lr.hi <= lr.lo)
-        lr.lo -= 1, lr.hi += 1;
-    lr.has_data = any_lr;
+    if (any_lr && lr->hi <= lr->lo)
+        lr->lo -= 1, lr->hi += 1;
+    lr->has_data = any_lr;
+}
 
-    /* The document. */
+/* The document's opening: size, title element, style sheet and white background. */
+static void document_head(omv_strbuf_t *out, const char *job)
+{
     omv_strbuf_printf(out,
                       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
                       "viewBox=\"0 0 %d %d\">\n",
                       WIDTH, HEIGHT, WIDTH, HEIGHT);
     omv_strbuf_append(out, "<title>omnivore training report: ", 33);
-    xml_text(out, r->job);
+    xml_text(out, job);
     omv_strbuf_append(out, "</title>\n", 9);
     omv_strbuf_printf(out,
                       "<style>\n"
@@ -553,27 +577,28 @@ void omv_report_svg(const omv_report_t *r, omv_strbuf_t *out)
                       "</style>\n"
                       "<rect width=\"%d\" height=\"%d\" fill=\"white\"/>\n",
                       WIDTH, HEIGHT);
+}
 
-    /* Title: the job and its final accuracy; below it, how far it got. */
-    double final_acc = r->test_accuracy;
-    if (!isfinite(final_acc) && r->n_eval)
-        final_acc = ev[r->n_eval - 1].test_accuracy;
+/* Title: the job and its final accuracy; below it, how far it got; then the legend. */
+static void titles(omv_strbuf_t *out, const picture_t *pic)
+{
+    const omv_report_t *r = pic->r;
     omv_strbuf_t line;
     omv_strbuf_init(&line);
     omv_strbuf_append(&line, "omnivore training report: ", 26);
     omv_strbuf_append(&line, r->job, strlen(r->job));
     omv_strbuf_append(&line, " - final test accuracy ", 23);
-    if (isfinite(final_acc))
-        num(&line, final_acc, 4);
+    if (isfinite(pic->final_acc))
+        num(&line, pic->final_acc, 4);
     else
         omv_strbuf_append(&line, "(none yet)", 10);
     text_at(out, PLOT_L, 30, "title", "start", omv_strbuf_str(&line));
     omv_strbuf_clear(&line);
-    double epochs = r->n_train ? tr[r->n_train - 1].epoch : NAN;
-    if (r->n_eval && (!isfinite(epochs) || ev[r->n_eval - 1].epoch > epochs))
-        epochs = ev[r->n_eval - 1].epoch;
+    double epochs = r->n_train ? pic->tr[r->n_train - 1].epoch : NAN;
+    if (r->n_eval && (!isfinite(epochs) || pic->ev[r->n_eval - 1].epoch > epochs))
+        epochs = pic->ev[r->n_eval - 1].epoch;
     omv_strbuf_printf(&line, "state %s  |  ", r->state[0] ? r->state : "unknown");
-    num(&line, x.hi, 1);
+    num(&line, pic->x.hi, 1);
     omv_strbuf_append(&line, " s of training  |  ", 19);
     if (isfinite(epochs)) {
         num(&line, epochs, 2);
@@ -583,56 +608,114 @@ void omv_report_svg(const omv_report_t *r, omv_strbuf_t *out)
                       r->n_train, r->n_train == 1 ? "" : "s", r->n_eval, r->n_eval == 1 ? "" : "s",
                       r->n_config, r->n_config == 1 ? "" : "s");
     text_at(out, PLOT_L, 50, "sub", "start", omv_strbuf_str(&line));
+    omv_strbuf_fini(&line);
     legend(out, 78);
+}
 
-    /* Panel (a). */
-    panel_t *panels[] = {&loss, &acc, &groups, &mom, &lr};
+/* What lies under every panel's data: the probes' bands and the time grid, with the time
+ * labels under the last panel. */
+static void backgrounds(omv_strbuf_t *out, const picture_t *pic)
+{
+    const panel_t *panels[] = {&pic->loss, &pic->acc, &pic->groups, &pic->mom, &pic->lr};
     for (size_t i = 0; i < sizeof(panels) / sizeof(panels[0]); i++) {
-        probes(out, &x, panels[i], cf, n_cfg);
-        x_ticks(out, &x, panels[i], panels[i] == &lr);
+        probes(out, &pic->x, panels[i], pic->cf, pic->n_cfg);
+        x_ticks(out, &pic->x, panels[i], panels[i] == &pic->lr);
     }
-    omv_strbuf_clear(&line);
+}
+
+/* Panel (a): training loss as a line, test loss dashed with a dot per evaluation. */
+static void draw_loss(omv_strbuf_t *out, const picture_t *pic)
+{
+    const panel_t *loss = &pic->loss;
+    omv_strbuf_t line;
+    omv_strbuf_init(&line);
     omv_strbuf_append(&line, "training loss (mean per interval) and test loss", 47);
-    if (cut) {
+    if (pic->loss_cut) {
         omv_strbuf_append(&line, "  (values above ", 16);
-        num(&line, loss.hi, -1);
+        num(&line, loss->hi, -1);
         omv_strbuf_append(&line, " drawn at the top)", 18);
     }
-    frame(out, &loss, omv_strbuf_str(&line));
-    y_ticks(out, &loss, 4, -1);
-    series(out, "train_loss", COLOR_TRAIN, "", &x, &loss, &tr->wall_s, &tr->train_loss, r->n_train,
-           ts, 0, "training loss");
-    series(out, "test_loss", COLOR_TEST_LOSS, " stroke-dasharray=\"4 3\"", &x, &loss, &ev->wall_s,
-           &ev->test_loss, r->n_eval, es, 1, "test loss");
-
-    /* Panel (b). */
-    frame(out, &acc, "test accuracy");
-    y_ticks(out, &acc, 4, 2);
-    if (series(out, "test_accuracy", COLOR_ACCURACY, "", &x, &acc, &ev->wall_s, &ev->test_accuracy,
-               r->n_eval, es, 1, "test accuracy") > 0 &&
-        isfinite(final_acc)) {
-        omv_strbuf_clear(&line);
-        num(&line, final_acc, 4);
-        double ly = py(&acc, final_acc);
-        text_at(out, PLOT_R - 4, ly < acc.top + 14 ? ly + 16 : ly - 8, "ptitle", "end",
-                omv_strbuf_str(&line));
-    }
-
-    /* Panel (c). */
-    frame(out, &groups, "compute groups");
-    y_ticks(out, &groups, 2, 0);
-    frame(out, &mom, "momentum");
-    y_ticks(out, &mom, 2, -1);
-    frame(out, &lr, "learning rate (log scale)");
-    y_ticks(out, &lr, 2, -1);
-    steps(out, "groups", COLOR_GROUPS, &x, &groups, cf, n_cfg, offsetof(cfg_t, groups));
-    steps(out, "momentum", COLOR_MOMENTUM, &x, &mom, cf, n_cfg, offsetof(cfg_t, momentum));
-    steps(out, "learning_rate", COLOR_LR, &x, &lr, cf, n_cfg, offsetof(cfg_t, learning_rate));
-    omv_strbuf_clear(&line);
-    omv_strbuf_printf(&line, "training time (%s)", x.unit);
-    text_at(out, (PLOT_L + PLOT_R) / 2, lr.top + lr.height + 36, "ptitle", "middle",
-            omv_strbuf_str(&line));
-    omv_strbuf_append(out, "</svg>\n", 7);
+    frame(out, loss, omv_strbuf_str(&line));
     omv_strbuf_fini(&line);
+    y_ticks(out, loss, 4, -1);
+    series(out, "train_loss", COLOR_TRAIN, "", &pic->x, loss, &pic->tr->wall_s,
+           &pic->tr->train_loss, pic->r->n_train, sizeof(*pic->tr), 0, "training loss");
+    series(out, "test_loss", COLOR_TEST_LOSS, " stroke-dasharray=\"4 3\"", &pic->x, loss,
+           &pic->ev->wall_s, &pic->ev->test_loss, pic->r->n_eval, sizeof(*pic->ev), 1, "test loss");
+}
+
+/* Panel (b): test accuracy, its last value written beside the line's end. */
+static void draw_accuracy(omv_strbuf_t *out, const picture_t *pic)
+{
+    const panel_t *acc = &pic->acc;
+    frame(out, acc, "test accuracy");
+    y_ticks(out, acc, 4, 2);
+    if (series(out, "test_accuracy", COLOR_ACCURACY, "", &pic->x, acc, &pic->ev->wall_s,
+               &pic->ev->test_accuracy, pic->r->n_eval, sizeof(*pic->ev), 1, "test accuracy") > 0 &&
+        isfinite(pic->final_acc)) {
+        omv_strbuf_t label;
+        omv_strbuf_init(&label);
+        num(&label, pic->final_acc, 4);
+        double ly = py(acc, pic->final_acc);
+        text_at(out, PLOT_R - 4, ly < acc->top + 14 ? ly + 16 : ly - 8, "ptitle", "end",
+                omv_strbuf_str(&label));
+        omv_strbuf_fini(&label);
+    }
+}
+
+/* Panel (c): the configuration's three step plots, and the time axis's title under them. */
+static void draw_config(omv_strbuf_t *out, const picture_t *pic)
+{
+    const xaxis_t *x = &pic->x;
+    frame(out, &pic->groups, "compute groups");
+    y_ticks(out, &pic->groups, 2, 0);
+    frame(out, &pic->mom, "momentum");
+    y_ticks(out, &pic->mom, 2, -1);
+    frame(out, &pic->lr, "learning rate (log scale)");
+    y_ticks(out, &pic->lr, 2, -1);
+    steps(out, "groups", COLOR_GROUPS, x, &pic->groups, pic->cf, pic->n_cfg,
+          offsetof(cfg_t, groups));
+    steps(out, "momentum", COLOR_MOMENTUM, x, &pic->mom, pic->cf, pic->n_cfg,
+          offsetof(cfg_t, momentum));
+    steps(out, "learning_rate", COLOR_LR, x, &pic->lr, pic->cf, pic->n_cfg,
+          offsetof(cfg_t, learning_rate));
+    omv_strbuf_t label;
+    omv_strbuf_init(&label);
+    omv_strbuf_printf(&label, "training time (%s)", x->unit);
+    text_at(out, (PLOT_L + PLOT_R) / 2, pic->lr.top + pic->lr.height + 36, "ptitle", "middle",
+            omv_strbuf_str(&label));
+    omv_strbuf_fini(&label);
+}
+
+void omv_report_svg(const omv_report_t *r, omv_strbuf_t *out)
+{
+    /* Empty lists still have an address to take members' addresses from. */
+    static const omv_report_train_t no_train;
+    static const omv_report_eval_t no_eval;
+    static const omv_report_change_t no_change;
+    static const cfg_t no_cfg;
+    picture_t pic = {
+        .r = r,
+        .tr = r->train ? r->train : &no_train,
+        .ev = r->eval ? r->eval : &no_eval,
+        .ch = r->config ? r->config : &no_change,
+    };
+    pic.x = time_axis(&pic);
+    cfg_t *cfg = config_timeline(r, pic.x.hi, &pic.n_cfg);
+    pic.cf = cfg ? cfg : &no_cfg; /* out of memory: drawn as no data */
+    scale_loss(&pic);
+    scale_accuracy(&pic);
+    scale_config(&pic);
+    pic.final_acc = r->test_accuracy;
+    if (!isfinite(pic.final_acc) && r->n_eval)
+        pic.final_acc = pic.ev[r->n_eval - 1].test_accuracy;
+
+    document_head(out, r->job);
+    titles(out, &pic);
+    backgrounds(out, &pic);
+    draw_loss(out, &pic);
+    draw_accuracy(out, &pic);
+    draw_config(out, &pic);
+    omv_strbuf_append(out, "</svg>\n", 7);
     free(cfg);
 }
