@@ -72,9 +72,10 @@ int main(int argc, char **argv)
         }
         qsort(rates, 5, sizeof(double), cmp_double);
         printf("%-8s %-8u %12.0f %10.3f\n", "mlp", b, rates[2], 1000.0 * b / rates[2]);
-        jl += (size_t)snprintf(json + jl, sizeof(json) - jl,
-                               "%s{\"model\":\"mlp-784-256-10\",\"batch\":%u,\"images_per_second\":%.0f}",
-                               bi ? "," : "", b, rates[2]);
+        jl += (size_t)snprintf(
+            json + jl, sizeof(json) - jl,
+            "%s{\"model\":\"mlp-784-256-10\",\"batch\":%u,\"images_per_second\":%.0f}",
+            bi ? "," : "", b, rates[2]);
         omv_shard_fini(&shard);
         free(params);
         free(grad);

@@ -2,9 +2,9 @@
  * of repeats after a warm-up), GFLOP/s achieved in the GEMM-shaped layers, and that as a fraction
  * of a cblas_sgemm peak measured in the same run with the same thread count. Per layer too.
  * Thread use is compared both ways: BLAS threads on the whole batch (blas), and the engine's
- * batch split across threads, each with its own buffers and one BLAS thread (split). Prints a table, then all figures as one JSON
- * object on the last line.
- *   bench_net [--reps N] [--rep-seconds S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn]
+ * batch split across threads, each with its own buffers and one BLAS thread (split). Prints a
+ * table, then all figures as one JSON object on the last line. bench_net [--reps N] [--rep-seconds
+ * S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn]
  */
 #include <errno.h>
 #include <stdio.h>
@@ -236,8 +236,11 @@ int main(int argc, char **argv)
             for (int t = 0; t < n_threads; t++) {
                 /* One thread: both modes are the same. */
                 for (int split = 0; split <= (threads[t] > 1); split++) {
-                    result_t res = {names[m], (uint32_t)batches[b], threads[t],
-                                    split ? "split" : "blas", 0, 0, 0, {0}, {0}};
+                    result_t res = {names[m],   (uint32_t)batches[b],
+                                    threads[t], split ? "split" : "blas",
+                                    0,          0,
+                                    0,          {0},
+                                    {0}};
                     run_case(&l, (uint32_t)batches[b], threads[t], split, &res);
                     int k = threads[t] < 5 ? threads[t] : 4;
                     res.fraction = res.gflops / peak[k];
@@ -255,9 +258,10 @@ int main(int argc, char **argv)
                         const omv_model_layer_t *x = &l.layers[i];
                         const char *kind = omv_model_layer_name(x->kind);
                         if (res.layer_gflops[i] > 0)
-                            printf("        layer %-2u %-8s %8.2f ms %9.1f GFLOP/s %5.0f%% of peak\n",
-                                   i + 1, kind, res.layer_ms[i], res.layer_gflops[i],
-                                   100.0 * res.layer_gflops[i] / peak[k]);
+                            printf(
+                                "        layer %-2u %-8s %8.2f ms %9.1f GFLOP/s %5.0f%% of peak\n",
+                                i + 1, kind, res.layer_ms[i], res.layer_gflops[i],
+                                100.0 * res.layer_gflops[i] / peak[k]);
                         else
                             printf("        layer %-2u %-8s %8.2f ms\n", i + 1, kind,
                                    res.layer_ms[i]);

@@ -61,22 +61,22 @@
 
 #define MAX_LIST 8
 #define MAX_WORKERS 64
-#define LAT_CAP (1u << 18)         /* latency samples kept per worker per mode */
-#define IMAGES 512                 /* images in the generated training set */
-#define RECV_TIMEOUT_MS 60000      /* one reply; a 64 MiB round trip with 8 workers takes ~1 s */
-#define START_TIMEOUT_MS 30000     /* daemon and echo start, handshake */
-#define STOP_TIMEOUT_MS 10000      /* SIGTERM to exit, then SIGKILL */
-#define GOAL_RATIO 0.8             /* 1 MiB: ps at least this much of the raw echo */
-#define GOAL_GBPS (2.0 * 1.8)      /* 1 MiB: twice ps-lite's 1.8 GB/s on this machine kind */
-#define GOAL_SMALL_US 200.0        /* 4 KiB: round trip under this */
+#define LAT_CAP (1u << 18)     /* latency samples kept per worker per mode */
+#define IMAGES 512             /* images in the generated training set */
+#define RECV_TIMEOUT_MS 60000  /* one reply; a 64 MiB round trip with 8 workers takes ~1 s */
+#define START_TIMEOUT_MS 30000 /* daemon and echo start, handshake */
+#define STOP_TIMEOUT_MS 10000  /* SIGTERM to exit, then SIGKILL */
+#define GOAL_RATIO 0.8         /* 1 MiB: ps at least this much of the raw echo */
+#define GOAL_GBPS (2.0 * 1.8)  /* 1 MiB: twice ps-lite's 1.8 GB/s on this machine kind */
+#define GOAL_SMALL_US 200.0    /* 4 KiB: round trip under this */
 
 enum { MODE_RAW = 0, MODE_PS = 1 };
 static const char *const mode_names[] = {"raw", "ps"};
 
 typedef struct {
-    size_t bytes;      /* model bytes */
-    uint32_t in, out;  /* layers = in out: in*out + out parameters */
-    char label[16];    /* 4KiB, 1MiB, ... */
+    size_t bytes;     /* model bytes */
+    uint32_t in, out; /* layers = in out: in*out + out parameters */
+    char label[16];   /* 4KiB, 1MiB, ... */
 } size_spec_t;
 
 typedef struct {
@@ -280,8 +280,8 @@ static int recv_params(worker_t *w, uint64_t step)
             p->offset != c->shard_offsets[p->shard] ||
             p->count != c->shard_offsets[p->shard + 1] - p->offset)
             return fail(w, "expected params of step %llu, got %s (step %llu shard %u)",
-                        (unsigned long long)step, omv_msg_name(m.type),
-                        (unsigned long long)p->step, p->shard);
+                        (unsigned long long)step, omv_msg_name(m.type), (unsigned long long)p->step,
+                        p->shard);
     }
     return 0;
 }
@@ -291,8 +291,8 @@ static void push_msg(const worker_t *w, uint32_t shard, omv_msg_t *m)
     const case_run_t *c = w->c;
     uint32_t off = c->shard_offsets[shard];
     m->type = OMV_MSG_PUSH;
-    m->u.push = (omv_push_t){w->worker_id, w->step, shard, off,
-                             c->shard_offsets[shard + 1] - off, 0.0f, 1, 0.0f};
+    m->u.push = (omv_push_t){w->worker_id, w->step, shard, off, c->shard_offsets[shard + 1] - off,
+                             0.0f,         1,       0.0f};
 }
 
 /* One push of the whole model (a zero gradient for w->step) and one pull of the whole model
@@ -341,8 +341,8 @@ static int echo_round_trip(worker_t *w)
         } while (rcvmore(w->echo));
         size_t want = (size_t)(c->shard_offsets[sh + 1] - c->shard_offsets[sh]) * sizeof(float);
         if (frames != 2 || got != want)
-            return fail(w, "echo sent %d frames, %zu payload bytes; expected 2, %zu", frames,
-                        got, want);
+            return fail(w, "echo sent %d frames, %zu payload bytes; expected 2, %zu", frames, got,
+                        want);
     }
     return 0;
 }
@@ -548,8 +548,7 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     snprintf(ctl, sizeof(ctl), "%s/control.sock", b->dir);
     snprintf(dlog, sizeof(dlog), "%s/omnivored-%s-x%d-%s.log", b->dir, sz->label, n_workers,
              transport);
-    snprintf(elog, sizeof(elog), "%s/echo-%s-x%d-%s.log", b->dir, sz->label, n_workers,
-             transport);
+    snprintf(elog, sizeof(elog), "%s/echo-%s-x%d-%s.log", b->dir, sz->label, n_workers, transport);
     make_endpoint(b, transport, "ps.sock", ps_ep, sizeof(ps_ep));
     make_endpoint(b, transport, "echo.sock", echo_ep, sizeof(echo_ep));
     char name[64];
@@ -571,8 +570,9 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     char *eargv[] = {b->self_exe, "--echo-server", echo_ep, fd_arg, NULL};
     echo = bench_spawn(eargv, elog);
     close(ready[1]);
-    char *dargv[] = {b->daemon, "--once", "--job", job, "--endpoint", ps_ep, "--control", ctl,
-                     "--state-dir", b->dir, "--log-level", "warn", NULL};
+    char *dargv[] = {b->daemon,     "--once",    "--job", job,           "--endpoint",
+                     ps_ep,         "--control", ctl,     "--state-dir", b->dir,
+                     "--log-level", "warn",      NULL};
     daemon = bench_spawn(dargv, dlog);
     if (echo < 0 || daemon < 0) {
         snprintf(res->error, sizeof(res->error), "cannot start a child: %s",
@@ -676,9 +676,11 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     long long refused = cr == 0 ? bench_json_int(omv_strbuf_str(&st), "refused_total") : -1;
     res->verified = clocks == steps && refused == 0;
     if (!res->verified)
-        fprintf(stderr, "bench_ps: %s x%d %s: daemon reports group clocks summing to %lld and %lld "
-                "refusals; we pushed %lld steps (control: %s)\n", sz->label, n_workers, transport,
-                clocks, refused, steps, cr == 0 ? "ok" : omv_strerror(cr));
+        fprintf(stderr,
+                "bench_ps: %s x%d %s: daemon reports group clocks summing to %lld and %lld "
+                "refusals; we pushed %lld steps (control: %s)\n",
+                sz->label, n_workers, transport, clocks, refused, steps,
+                cr == 0 ? "ok" : omv_strerror(cr));
     omv_strbuf_fini(&st);
     res->ok = 1;
 
@@ -795,8 +797,10 @@ static int parse_args(bench_t *b, int argc, char **argv)
     int n = split(sizes, items, MAX_LIST);
     for (int i = 0; i < n; i++)
         if (parse_size(items[i], &b->sizes[b->n_sizes++]) < 0) {
-            fprintf(stderr, "bench_ps: size '%s' is not like 4k or 16m (a power-of-two count of "
-                    "float32 parameters up to 1 GiB)\n", items[i]);
+            fprintf(stderr,
+                    "bench_ps: size '%s' is not like 4k or 16m (a power-of-two count of "
+                    "float32 parameters up to 1 GiB)\n",
+                    items[i]);
             return -EINVAL;
         }
     n = split(workers, items, MAX_LIST);
@@ -846,8 +850,10 @@ static int find_daemon(bench_t *b)
         }
     }
     if (access(b->daemon, X_OK) != 0) {
-        fprintf(stderr, "bench_ps: cannot run omnivored at '%s' (build it, or give --daemon PATH "
-                "or OMNIVORED)\n", b->daemon);
+        fprintf(stderr,
+                "bench_ps: cannot run omnivored at '%s' (build it, or give --daemon PATH "
+                "or OMNIVORED)\n",
+                b->daemon);
         return -ENOENT;
     }
     return 0;
@@ -855,7 +861,8 @@ static int find_daemon(bench_t *b)
 
 static void json_mode(omv_strbuf_t *j, const char *name, const mode_result_t *m)
 {
-    omv_strbuf_printf(j, "\"%s\":{\"gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
+    omv_strbuf_printf(j,
+                      "\"%s\":{\"gbps\":%.4f,\"p50_us\":%.1f,\"p99_us\":%.1f,"
                       "\"updates_per_s\":%.1f,\"round_trips\":%llu,\"latency_samples\":%zu}",
                       name, m->gbps, m->p50_us, m->p99_us, m->ups,
                       (unsigned long long)m->round_trips, m->samples);
@@ -869,9 +876,9 @@ static int report(const bench_t *b, const case_result_t *res, int n)
     printf("# %d shard(s); GB = 1e9 bytes, both directions; GB/s and upd/s: median of %d "
            "window(s) of %.2f s; latency: one round trip\n",
            b->shards, b->repeats, b->seconds);
-    printf("%-7s %3s %-4s | %8s %9s %9s %9s | %8s %9s %9s %9s | %6s %6s %s\n", "size", "wk",
-           "tr", "raw GB/s", "p50 us", "p99 us", "upd/s", "ps GB/s", "p50 us", "p99 us",
-           "upd/s", "ps/raw", "p50x", "check");
+    printf("%-7s %3s %-4s | %8s %9s %9s %9s | %8s %9s %9s %9s | %6s %6s %s\n", "size", "wk", "tr",
+           "raw GB/s", "p50 us", "p99 us", "upd/s", "ps GB/s", "p50 us", "p99 us", "upd/s",
+           "ps/raw", "p50x", "check");
     int all_ok = 1;
     for (int i = 0; i < n; i++) {
         const case_result_t *r = &res[i];
@@ -893,7 +900,8 @@ static int report(const bench_t *b, const case_result_t *res, int n)
 
     omv_strbuf_t j;
     omv_strbuf_init(&j);
-    omv_strbuf_printf(&j, "{\"bench\":\"ps\",\"unit_gb\":1e9,\"shards\":%d,\"seconds\":%.3f,"
+    omv_strbuf_printf(&j,
+                      "{\"bench\":\"ps\",\"unit_gb\":1e9,\"shards\":%d,\"seconds\":%.3f,"
                       "\"repeats\":%d,\"quick\":%s,\"goals\":{\"ratio_1mib\":%.2f,"
                       "\"gbps_1mib\":%.2f,\"rt_4kib_us\":%.0f}",
                       b->shards, b->seconds, b->repeats, b->quick ? "true" : "false", GOAL_RATIO,
@@ -902,12 +910,14 @@ static int report(const bench_t *b, const case_result_t *res, int n)
     omv_strbuf_json_string(&j, b->daemon);
     omv_strbuf_append(&j, ",\"cases\":[", 10);
     printf("\n# goals (issue 4): 1 MiB ps >= %.1f x raw and >= %.1f GB/s; 4 KiB round trip "
-           "< %.0f us\n", GOAL_RATIO, GOAL_GBPS, GOAL_SMALL_US);
+           "< %.0f us\n",
+           GOAL_RATIO, GOAL_GBPS, GOAL_SMALL_US);
     int first = 1;
     for (int i = 0; i < n; i++) {
         const case_result_t *r = &res[i];
         const mode_result_t *rw = &r->mode[MODE_RAW], *ps = &r->mode[MODE_PS];
-        omv_strbuf_printf(&j, "%s{\"size\":\"%s\",\"size_bytes\":%zu,\"layers\":[%u,%u],"
+        omv_strbuf_printf(&j,
+                          "%s{\"size\":\"%s\",\"size_bytes\":%zu,\"layers\":[%u,%u],"
                           "\"workers\":%d,\"transport\":\"%s\",\"ok\":%s",
                           first ? "" : ",", r->size->label, r->size->bytes, r->size->in,
                           r->size->out, r->workers, r->transport, r->ok ? "true" : "false");
@@ -1006,8 +1016,8 @@ int main(int argc, char **argv)
                 case_result_t *r = &res[n++];
                 run_case(&b, workers, scratch, &b.sizes[s], b.workers[w], b.transports[t], r);
                 fprintf(stderr, "bench_ps: [%d/%d] %s x%d %s: %s (%.1f s)\n", n, n_cases,
-                        b.sizes[s].label, b.workers[w], b.transports[t],
-                        r->ok ? "done" : r->error, now_s() - t0);
+                        b.sizes[s].label, b.workers[w], b.transports[t], r->ok ? "done" : r->error,
+                        now_s() - t0);
             }
     int all_ok = report(&b, res, n) && n == n_cases;
     if (b.keep)

@@ -42,9 +42,9 @@ int bench_write_idx(const char *images, const char *labels, uint32_t count, uint
 
 typedef struct {
     const char *name;
-    uint32_t in, out; /* [model] layers = in out: in * out + out parameters */
+    uint32_t in, out;            /* [model] layers = in out: in * out + out parameters */
     const char *images, *labels; /* used for training and test data alike */
-    int workers;      /* each its own group */
+    int workers;                 /* each its own group */
     int shards;
 } bench_job_t;
 

@@ -196,14 +196,15 @@ static int handler(void *user, const char *section, const char *key, const char 
     if (key == NULL) /* a section header alone */
         return 1;
     if (find(ctx->table, ctx->n, section, key, &index) == NULL) {
-        snprintf(ctx->err, OMV_CONFIG_ERR_MAX, "line %d: [%s] %s: unknown key", ctx->line,
-                 section, key);
+        snprintf(ctx->err, OMV_CONFIG_ERR_MAX, "line %d: [%s] %s: unknown key", ctx->line, section,
+                 key);
         ctx->failed = 1;
         return 0;
     }
     if (ctx->lines[index] != 0) {
-        snprintf(ctx->err, OMV_CONFIG_ERR_MAX, "line %d: [%s] %s: duplicate key (first set on line %d)",
-                 ctx->line, section, key, ctx->lines[index]);
+        snprintf(ctx->err, OMV_CONFIG_ERR_MAX,
+                 "line %d: [%s] %s: duplicate key (first set on line %d)", ctx->line, section, key,
+                 ctx->lines[index]);
         ctx->failed = 1;
         return 0;
     }

@@ -14,17 +14,17 @@ typedef enum {
 } omv_config_type_t;
 
 enum {
-    OMV_CONFIG_REQUIRED = 1 << 0,  /* must be present in the file */
+    OMV_CONFIG_REQUIRED = 1 << 0,    /* must be present in the file */
     OMV_CONFIG_NONE_IS_NEG = 1 << 1, /* an INT that also takes "none" (stored as -1) */
-    OMV_CONFIG_RUNTIME = 1 << 2,   /* may change while running (documented; used by reload) */
+    OMV_CONFIG_RUNTIME = 1 << 2,     /* may change while running (documented; used by reload) */
 };
 
 typedef struct {
     const char *section;
     const char *key;
     omv_config_type_t type;
-    size_t offset; /* offsetof the field in the target struct */
-    size_t size;   /* for strings: the field's capacity */
+    size_t offset;   /* offsetof the field in the target struct */
+    size_t size;     /* for strings: the field's capacity */
     const char *def; /* default, as text; NULL: none (zero) */
     double min, max; /* range for numbers (inclusive) */
     unsigned flags;

@@ -21,8 +21,8 @@ static int gz_fail(gzFile gz, const char *path, const char *what, char *err)
     int zerr = 0;
     const char *msg = gz ? gzerror(gz, &zerr) : "";
     if (zerr != Z_OK && zerr != Z_STREAM_END)
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: corrupt gzip data while reading %s: %s", path,
-                 what, msg);
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: corrupt gzip data while reading %s: %s", path, what,
+                 msg);
     else
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: truncated: file ends inside the %s", path, what);
     return -EPROTO;
@@ -52,7 +52,8 @@ static int idx_open(idx_file_t *f, const char *path, int want_ndims, char *err)
     for (int i = 0; i < want_ndims; i++) {
         if (gzread(f->gz, dim, 4) != 4)
             return gz_fail(f->gz, path, "IDX header", err);
-        f->dims[i] = (uint32_t)dim[0] << 24 | (uint32_t)dim[1] << 16 | (uint32_t)dim[2] << 8 | dim[3];
+        f->dims[i] =
+            (uint32_t)dim[0] << 24 | (uint32_t)dim[1] << 16 | (uint32_t)dim[2] << 8 | dim[3];
         uint32_t limit = i == 0 ? OMV_DATASET_MAX_COUNT : OMV_DATASET_MAX_DIM;
         if (f->dims[i] == 0 || f->dims[i] > limit) {
             snprintf(err, OMV_CONFIG_ERR_MAX, "%s: dimension %d is %u, outside [1, %u]", path, i,
@@ -116,8 +117,8 @@ int omv_dataset_load(omv_dataset_t *ret, const char *images_path, const char *la
     if (r < 0)
         goto out;
     if (fi.dims[0] != fl.dims[0]) {
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: holds %u labels but %s holds %u images",
-                 labels_path, fl.dims[0], images_path, fi.dims[0]);
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: holds %u labels but %s holds %u images", labels_path,
+                 fl.dims[0], images_path, fi.dims[0]);
         r = -EPROTO;
         goto out;
     }
@@ -125,8 +126,8 @@ int omv_dataset_load(omv_dataset_t *ret, const char *images_path, const char *la
     if (count == 0 && begin < d.total)
         count = d.total - begin;
     if (begin >= d.total || count > d.total - begin) {
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: asked for images [%u, %u) of %u", images_path,
-                 begin, begin + count, d.total);
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: asked for images [%u, %u) of %u", images_path, begin,
+                 begin + count, d.total);
         r = -ERANGE;
         goto out;
     }
@@ -186,8 +187,7 @@ static int cifar_count(const char *path, uint64_t *ret_count, char *err)
                  path, (unsigned long long)len, OMV_CIFAR_RECORD);
         r = -EPROTO;
     } else if (len / OMV_CIFAR_RECORD > OMV_DATASET_MAX_COUNT) {
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: more than %u records", path,
-                 OMV_DATASET_MAX_COUNT);
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: more than %u records", path, OMV_DATASET_MAX_COUNT);
         r = -EPROTO;
     }
     gzclose(gz);
@@ -276,7 +276,8 @@ static int cifar_read_one(const char *path, void *arg)
         if (rec[0] > 9) {
             snprintf(w->err, OMV_CONFIG_ERR_MAX,
                      "%s: record %llu has label %u; CIFAR-10 labels are 0 to 9 (corrupt, or not "
-                     "a CIFAR-10 binary batch)", path, (unsigned long long)(i - first), rec[0]);
+                     "a CIFAR-10 binary batch)",
+                     path, (unsigned long long)(i - first), rec[0]);
             r = -EPROTO;
             break;
         }
@@ -336,8 +337,8 @@ int omv_dataset_open(omv_dataset_t *ret, const char *format, const char *images_
         return omv_dataset_load(ret, images_path, labels_path, begin, count, err);
     if (strcmp(format, "cifar10") == 0)
         return omv_dataset_load_cifar(ret, images_path, begin, count, err);
-    snprintf(err, OMV_CONFIG_ERR_MAX, "%s: unknown data format '%s' (idx or cifar10)",
-             images_path, format);
+    snprintf(err, OMV_CONFIG_ERR_MAX, "%s: unknown data format '%s' (idx or cifar10)", images_path,
+             format);
     return -EINVAL;
 }
 

@@ -14,11 +14,11 @@
 #define OMV_CIFAR_RECORD (1 + 3 * 32 * 32) /* label byte, then red, green, blue 32x32 planes */
 
 typedef struct {
-    uint32_t count;   /* images in this slice */
-    uint32_t total;   /* images in the file(s) */
+    uint32_t count; /* images in this slice */
+    uint32_t total; /* images in the file(s) */
     uint32_t channels, rows, cols;
-    uint8_t *pixels;  /* [count][channels][rows][cols] as stored in the file */
-    uint8_t *labels;  /* [count] */
+    uint8_t *pixels; /* [count][channels][rows][cols] as stored in the file */
+    uint8_t *labels; /* [count] */
     uint8_t max_label;
 } omv_dataset_t;
 

@@ -179,16 +179,20 @@ static int parse_floats(const char *text, const char *key, float *v, uint32_t *r
         char *end;
         double x = strtod(p, &end);
         if (end == p || n == 16 || !(x > -1e9 && x < 1e9)) {
-            snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] %s: '%s' is not a list of up to 16 "
-                     "numbers", path, key, text);
+            snprintf(err, OMV_CONFIG_ERR_MAX,
+                     "%s: [data] %s: '%s' is not a list of up to 16 "
+                     "numbers",
+                     path, key, text);
             return -EINVAL;
         }
         v[n++] = (float)x;
         p = end;
     }
     if (n > 1 && n != channels) {
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] %s: %u values for a model input of %u "
-                 "channels (give one, or one per channel)", path, key, n, channels);
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [data] %s: %u values for a model input of %u "
+                 "channels (give one, or one per channel)",
+                 path, key, n, channels);
         return -EINVAL;
     }
     *ret_n = n;
@@ -260,7 +264,8 @@ static int validate_model(omv_job_t *job, const char *path, int layers_line, cha
             r = -EINVAL;
         }
     }
-    if (r == 0 && strcmp(job->data_format, "idx") != 0 && strcmp(job->data_format, "cifar10") != 0) {
+    if (r == 0 && strcmp(job->data_format, "idx") != 0 &&
+        strcmp(job->data_format, "cifar10") != 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] format: '%s' is not idx or cifar10", path,
                  job->data_format);
         r = -EINVAL;
@@ -322,7 +327,8 @@ int omv_job_validate(omv_job_t *job, const char *path, char *err)
     if (job->batch_size % per_group != 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX,
                  "%s: [train] batch_size: %lld images do not split evenly among the %lld workers "
-                 "of a group", path, (long long)job->batch_size, (long long)per_group);
+                 "of a group",
+                 path, (long long)job->batch_size, (long long)per_group);
         return -EINVAL;
     }
     return 0;

@@ -34,7 +34,7 @@ typedef struct {
     char train_labels[OMV_JOB_PATH_MAX];
     char test_images[OMV_JOB_PATH_MAX];
     char test_labels[OMV_JOB_PATH_MAX];
-    int64_t train_limit; /* use only the first N training images; 0: all */
+    int64_t train_limit;  /* use only the first N training images; 0: all */
     char data_format[16]; /* idx or cifar10 */
     double scale;         /* pixel byte * scale, then per channel - mean, / std */
     char mean_text[256], std_text[256];
@@ -57,12 +57,12 @@ typedef struct {
     int64_t eval_batch_size;
     double progress_interval_s;
     /* [optimizer] */
-    int optimizer;               /* tune groups, momentum and learning rate while training */
+    int optimizer; /* tune groups, momentum and learning rate while training */
     int tune_groups, tune_momentum, tune_learning_rate; /* else the job's value is kept */
-    int64_t phase_steps;         /* steps of the slowest group per phase */
-    int64_t probe_steps;         /* per probe; 0: phase_steps / 80 */
-    int64_t later_probe_steps;   /* per probe of later searches; 0: from probe_steps */
-    int first_grid_cold_lr;      /* the first search's grids: the cold start's lr only */
+    int64_t phase_steps;                                /* steps of the slowest group per phase */
+    int64_t probe_steps;                                /* per probe; 0: phase_steps / 80 */
+    int64_t later_probe_steps; /* per probe of later searches; 0: from probe_steps */
+    int first_grid_cold_lr;    /* the first search's grids: the cold start's lr only */
     /* [checkpoint] */
     char checkpoint_dir[OMV_JOB_PATH_MAX]; /* empty: <state_dir>/checkpoints/<name> */
     double checkpoint_every_s;             /* 0: not by time */

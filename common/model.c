@@ -14,9 +14,8 @@
 #include "rng.h"
 
 static const char *const kind_names[] = {
-    [OMV_LAYER_FC] = "fc",           [OMV_LAYER_CONV] = "conv",
-    [OMV_LAYER_MAXPOOL] = "maxpool", [OMV_LAYER_AVGPOOL] = "avgpool",
-    [OMV_LAYER_RELU] = "relu",       [OMV_LAYER_DROPOUT] = "dropout",
+    [OMV_LAYER_FC] = "fc",           [OMV_LAYER_CONV] = "conv", [OMV_LAYER_MAXPOOL] = "maxpool",
+    [OMV_LAYER_AVGPOOL] = "avgpool", [OMV_LAYER_RELU] = "relu", [OMV_LAYER_DROPOUT] = "dropout",
     [OMV_LAYER_FLATTEN] = "flatten",
 };
 
@@ -227,7 +226,8 @@ static int parse_layer(ctx_t *c, char **w, int n, omv_model_layer_t *l)
     } else if (strcmp(k, "conv") == 0) {
         l->kind = OMV_LAYER_CONV;
         if (n < 3)
-            return fail(c, "expected 'conv CHANNELS KxK [stride S] [pad P]', e.g. conv 32 5x5 pad 2");
+            return fail(c,
+                        "expected 'conv CHANNELS KxK [stride S] [pad P]', e.g. conv 32 5x5 pad 2");
         if (parse_uint(c, w[1], "channels", 1u << 16, &l->units) < 0 ||
             parse_window(c, w[2], &l->kh, &l->kw) < 0)
             return -EINVAL;
@@ -257,8 +257,10 @@ static int parse_layer(ctx_t *c, char **w, int n, omv_model_layer_t *l)
             return fail(c, "expected 'dropout P' with P in [0, 1), e.g. dropout 0.5");
         l->rate = (float)p;
     } else {
-        return fail(c, "unknown layer '%s' (expected conv, maxpool, avgpool, relu, dropout, "
-                       "flatten, fc or softmax)", k);
+        return fail(c,
+                    "unknown layer '%s' (expected conv, maxpool, avgpool, relu, dropout, "
+                    "flatten, fc or softmax)",
+                    k);
     }
     return chain(c, l);
 }
@@ -430,8 +432,8 @@ void omv_model_summary(const omv_model_layout_t *self, char *buf, size_t cap)
             snprintf(what, sizeof(what), "fc %u", l->units);
             break;
         case OMV_LAYER_CONV:
-            snprintf(what, sizeof(what), "conv %u %ux%u s%u p%u", l->units, l->kh, l->kw,
-                     l->stride, l->pad);
+            snprintf(what, sizeof(what), "conv %u %ux%u s%u p%u", l->units, l->kh, l->kw, l->stride,
+                     l->pad);
             break;
         case OMV_LAYER_MAXPOOL:
         case OMV_LAYER_AVGPOOL:

@@ -16,8 +16,8 @@
 #define OMV_MODEL_MAX_DIM 65536u
 
 typedef enum {
-    OMV_LAYER_FC,      /* fully connected; takes any input shape as a flat vector */
-    OMV_LAYER_CONV,    /* 2-D convolution with kernel, stride and zero padding */
+    OMV_LAYER_FC,   /* fully connected; takes any input shape as a flat vector */
+    OMV_LAYER_CONV, /* 2-D convolution with kernel, stride and zero padding */
     OMV_LAYER_MAXPOOL,
     OMV_LAYER_AVGPOOL,
     OMV_LAYER_RELU,
@@ -34,12 +34,12 @@ typedef struct {
 typedef struct {
     omv_layer_kind_t kind;
     omv_shape_t in, out;
-    uint32_t units;          /* fc: outputs; conv: output channels */
-    uint32_t kh, kw;         /* conv and pooling window */
-    uint32_t stride, pad;    /* conv and pooling; pooling has no padding */
-    float rate;              /* dropout: probability of dropping a value */
-    int line;                /* line in the definition, for messages */
-    uint32_t fan_in;         /* inputs that reach one output (fc, conv) */
+    uint32_t units;           /* fc: outputs; conv: output channels */
+    uint32_t kh, kw;          /* conv and pooling window */
+    uint32_t stride, pad;     /* conv and pooling; pooling has no padding */
+    float rate;               /* dropout: probability of dropping a value */
+    int line;                 /* line in the definition, for messages */
+    uint32_t fan_in;          /* inputs that reach one output (fc, conv) */
     size_t w_offset, w_count; /* fc: [out][in]; conv: [out_c][kh][kw][in_c] */
     size_t b_offset, b_count; /* [units] */
 } omv_model_layer_t;

@@ -46,13 +46,13 @@ typedef struct {
     uint32_t n_groups;
     uint64_t *clocks; /* [n_groups] steps each group completed */
     uint64_t param_count;
-    float *params;   /* [param_count] */
-    float *velocity; /* [param_count] */
+    float *params;                                /* [param_count] */
+    float *velocity;                              /* [param_count] */
     double learning_rate, momentum, weight_decay; /* the update rule in force */
-    omv_checkpoint_eval_t *history; /* [n_history] */
+    omv_checkpoint_eval_t *history;               /* [n_history] */
     uint32_t n_history;
-    char *job_text;  /* the job file as it was (NUL-terminated); may be NULL */
-    char *members;   /* one line per live worker: "id host pid group"; may be NULL */
+    char *job_text;           /* the job file as it was (NUL-terminated); may be NULL */
+    char *members;            /* one line per live worker: "id host pid group"; may be NULL */
     omv_checkpoint_opt_t opt; /* written when opt.present */
 } omv_checkpoint_t;
 
@@ -60,8 +60,8 @@ typedef struct {
  * folder, so a crash leaves the old file or the new one, never half of one. ret_path (optional,
  * cap bytes) gets the path. Returns 0 or a negative errno with the reason in
  * err[OMV_CHECKPOINT_ERR_MAX]. */
-int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path,
-                         size_t cap, char *err);
+int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path, size_t cap,
+                         char *err);
 
 /* Reads and verifies one file (magic, format version, length, CRC-32, sections). On success the
  * arrays in ret are allocated (release with omv_checkpoint_fini); on failure returns -EINVAL
@@ -79,8 +79,8 @@ typedef void (*omv_checkpoint_bad_fn)(void *ctx, const char *path, const char *r
  * is corrupt (each bad one is reported through bad). Returns 1 with ret filled and its path in
  * ret_path[cap], 0 when the folder has no usable checkpoint (or does not exist), or a negative
  * errno when the folder cannot be read. */
-int omv_checkpoint_load_latest(omv_checkpoint_t *ret, const char *dir, char *ret_path,
-                               size_t cap, omv_checkpoint_bad_fn bad, void *ctx);
+int omv_checkpoint_load_latest(omv_checkpoint_t *ret, const char *dir, char *ret_path, size_t cap,
+                               omv_checkpoint_bad_fn bad, void *ctx);
 
 /* Deletes all but the newest keep checkpoints in dir (and stale temporary files). Returns how
  * many files were removed, or a negative errno. */

@@ -29,7 +29,7 @@ typedef int (*handler_fn)(omv_daemon_t *d, int argc, char **argv, int json, omv_
 
 typedef struct {
     const char *name;
-    const char *args; /* for the help text; NULL: none */
+    const char *args;       /* for the help text; NULL: none */
     int min_args, max_args; /* words after the name; max -1: any number */
     unsigned flags;
     handler_fn handler;
@@ -162,8 +162,8 @@ static int cmd_checkpoint(omv_daemon_t *d, int argc, char **argv, int json, omv_
         int id = omv_control_defer(d->control);
         if (id < 0)
             break;
-        *p = (omv_pending_ckpt_t){id, run->id, written, failed,
-                                  omv_time_ms() + CHECKPOINT_WAIT_MS, json};
+        *p = (omv_pending_ckpt_t){id,  run->id, written, failed, omv_time_ms() + CHECKPOINT_WAIT_MS,
+                                  json};
         return OMV_CONTROL_DEFERRED;
     }
     omv_strbuf_printf(reply, "a group is applying a step; the checkpoint will be written when it "
@@ -333,8 +333,8 @@ static int cmd_stop(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf
                   : "stopped";
         omv_run_stop(run, OMV_RUN_STOP_JOB, STOP_SETTLE_S);
     }
-    omv_log_info("stop requested for job %llu '%s': %s", (unsigned long long)run->id,
-                 run->job.name, how);
+    omv_log_info("stop requested for job %llu '%s': %s", (unsigned long long)run->id, run->job.name,
+                 how);
     omv_kv_t kv;
     omv_kv_begin(&kv, reply, json);
     omv_kv_section(&kv, "stop");
@@ -401,15 +401,14 @@ static int take_json(int *argc, char **argv)
 }
 
 /* Checks the words and flags against the command's entry. Returns 0 or -errno with reply. */
-static int command_fits(const omv_daemon_t *d, const command_t *c, int argc, char **argv,
-                        int json, omv_strbuf_t *reply)
+static int command_fits(const omv_daemon_t *d, const command_t *c, int argc, char **argv, int json,
+                        omv_strbuf_t *reply)
 {
     if (c->max_args >= 0 && argc - 1 > c->max_args) {
         if (c->handler == cmd_stop)
             omv_strbuf_printf(reply, "stop takes at most one job (an id or a name)");
         else
-            omv_strbuf_printf(reply, "'%s' takes no argument '%s'", c->name,
-                              argv[c->max_args + 1]);
+            omv_strbuf_printf(reply, "'%s' takes no argument '%s'", c->name, argv[c->max_args + 1]);
         return -EINVAL;
     }
     if ((c->flags & NO_JSON) && json) {

@@ -19,7 +19,7 @@
 
 struct omv_control {
     int fd;
-    int serving;                           /* the client being served; -1 outside a handler */
+    int serving;                            /* the client being served; -1 outside a handler */
     int deferred[OMV_CONTROL_MAX_DEFERRED]; /* clients waiting for an answer; -1: free */
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 };
@@ -69,7 +69,7 @@ omv_control_t *omv_control_new(const char *path)
     if (r != 0 || listen(self->fd, 16) != 0)
         goto fail;
     return self;
-fail: {
+fail : {
     int e = errno;
     if (self->fd >= 0)
         close(self->fd);

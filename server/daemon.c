@@ -62,8 +62,8 @@ static void reload(omv_daemon_t *d)
     char err[OMV_CONFIG_ERR_MAX];
     memset(&cfg, 0, sizeof(cfg));
     omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
-    if (omv_config_load(omv_daemon_table, omv_daemon_table_len, d->config_path, &cfg, NULL,
-                        err) < 0) {
+    if (omv_config_load(omv_daemon_table, omv_daemon_table_len, d->config_path, &cfg, NULL, err) <
+        0) {
         d->reloads_failed_total++;
         omv_log_error("reload: %s; the running configuration stays", err);
         return;
@@ -73,14 +73,16 @@ static void reload(omv_daemon_t *d)
     if (omv_log_set_level_name(cfg.log_level) < 0) {
         d->reloads_failed_total++;
         omv_log_error("reload: %s: log_level '%s' is not error, warn, info or debug; the running "
-                      "configuration stays", d->config_path, cfg.log_level);
+                      "configuration stays",
+                      d->config_path, cfg.log_level);
         return;
     }
     omv_strlcpy(d->cfg.log_level, cfg.log_level, sizeof(d->cfg.log_level));
     d->reloads_total++;
     /* Logged at warn so that it shows whatever the level now is. */
     omv_log_warn("reloaded %s: log_level %s (endpoint, control, job and state_dir apply at the "
-                 "next start)", d->config_path, d->cfg.log_level);
+                 "next start)",
+                 d->config_path, d->cfg.log_level);
 }
 
 /* ---- periodic work: Redis's serverCron with run_with_period ---- */
@@ -169,8 +171,8 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     d->control = omv_control_new(cfg->control);
     if (d->control == NULL) {
         r = -errno;
-        omv_log_error("cannot listen on control socket '%s': %s%s", cfg->control,
-                      omv_strerror(r), r == -EADDRINUSE ? " (another omnivored runs there)" : "");
+        omv_log_error("cannot listen on control socket '%s': %s%s", cfg->control, omv_strerror(r),
+                      r == -EADDRINUSE ? " (another omnivored runs there)" : "");
         goto fail;
     }
     omv_jobs_restore(d->jobs);

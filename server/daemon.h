@@ -8,8 +8,8 @@
 #include "job.h"
 
 typedef struct {
-    char endpoint[256];     /* worker endpoint to bind */
-    char control[108];      /* control socket path */
+    char endpoint[256];         /* worker endpoint to bind */
+    char control[108];          /* control socket path */
     char job[OMV_JOB_PATH_MAX]; /* job file to run */
     char log_level[16];
     char state_dir[OMV_JOB_PATH_MAX]; /* checkpoints live under it */
@@ -33,8 +33,8 @@ void omv_daemon_destroy(omv_daemon_t **self_p);
 /* SIGHUP: when *flag becomes nonzero, the loop re-reads config_path (may be empty: nothing to
  * reload) and applies the keys that may change at runtime (log_level); cli_log_level (may be
  * NULL) is a --log-level given on the command line, which keeps precedence over the file. */
-void omv_daemon_set_reload(omv_daemon_t *self, volatile sig_atomic_t *flag,
-                           const char *config_path, const char *cli_log_level);
+void omv_daemon_set_reload(omv_daemon_t *self, volatile sig_atomic_t *flag, const char *config_path,
+                           const char *cli_log_level);
 
 /* Runs the loop until *stop is set (a signal) or a client asks for shutdown; stops the workers
  * on the way out. Returns 0 or a negative errno. */

@@ -16,8 +16,8 @@
 
 /* A `checkpoint` request waiting for its checkpoint to be written. */
 typedef struct {
-    int id;          /* the control socket's id for the client; -1: free */
-    uint64_t run_id; /* the job it asked about */
+    int id;                   /* the control socket's id for the client; -1: free */
+    uint64_t run_id;          /* the job it asked about */
     uint64_t written, failed; /* the job's checkpoint counters when it asked */
     int64_t deadline_ms;
     int json; /* the answer's form */
@@ -34,7 +34,7 @@ struct omv_daemon {
     omv_jobs_t *jobs;
     omv_run_t *run; /* the current job; NULL when none was loaded or it could not be */
     double created_s;
-    int shutdown;       /* asked for over the control socket */
+    int shutdown;        /* asked for over the control socket */
     int64_t stopping_ms; /* when the way out began (0: running) */
 
     /* Reloading on SIGHUP. */

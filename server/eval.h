@@ -20,9 +20,9 @@ typedef struct {
     int wanted;         /* another is due once it is answered */
     int final_sent;     /* the request in flight is the job's final one */
     int64_t sent_ms;
-    uint64_t id;        /* of the last request */
-    double epoch, wall_s; /* where the job stood when the request in flight was sent */
-    double next_epoch;  /* when the next periodic one is due */
+    uint64_t id;           /* of the last request */
+    double epoch, wall_s;  /* where the job stood when the request in flight was sent */
+    double next_epoch;     /* when the next periodic one is due */
     eval_point_t *history; /* [n_history], oldest first */
     size_t n_history, cap_history;
 } omv_eval_t;

@@ -75,8 +75,8 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
     if (idle) {
         w.u.welcome.idle = 1;
         omv_log_info("%s %u (%s) registered; no job to run: it waits for the next one",
-                     h->role == OMV_ROLE_TRAINER ? "worker" : "evaluator",
-                     w.u.welcome.worker_id, who);
+                     h->role == OMV_ROLE_TRAINER ? "worker" : "evaluator", w.u.welcome.worker_id,
+                     who);
         send_to(d, peer, &w);
         return;
     }
@@ -118,8 +118,7 @@ static int64_t message_worker(const omv_msg_t *msg)
 }
 
 /* The member a message comes from, or NULL when it was refused or dropped. */
-static member_t *sender(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg,
-                        uint32_t id)
+static member_t *sender(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg, uint32_t id)
 {
     member_t *m = omv_members_find(d->members, peer, id);
     char why[OMV_WIRE_REASON_MAX];
@@ -134,8 +133,7 @@ static member_t *sender(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t
         return NULL;
     }
     m->last_seen_ms = omv_time_ms();
-    if (m->state == MEMBER_IDLE && msg->type != OMV_MSG_HEARTBEAT &&
-        msg->type != OMV_MSG_LEAVE) {
+    if (m->state == MEMBER_IDLE && msg->type != OMV_MSG_HEARTBEAT && msg->type != OMV_MSG_LEAVE) {
         omv_log_debug("dropped %s from idle worker %u", omv_msg_name(msg->type), id);
         return NULL;
     }

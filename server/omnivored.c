@@ -34,7 +34,8 @@ static void usage(FILE *out)
     fprintf(out,
             "Usage: omnivored [--config FILE] [options]\n"
             "The omnivore parameter-server daemon.\n\n"
-            "  -c, --config FILE      daemon config (INI, [daemon] section; see deploy/omnivored.conf)\n"
+            "  -c, --config FILE      daemon config (INI, [daemon] section; see "
+            "deploy/omnivored.conf)\n"
             "  -e, --endpoint EP      worker endpoint to bind (tcp://*:5555, ipc:///path)\n"
             "  -s, --control PATH     control socket path\n"
             "  -j, --job FILE         job file to run at start (without one: wait for\n"
@@ -58,12 +59,18 @@ static int has_set(int argc, char **argv)
 }
 
 static const struct option opts[] = {
-    {"config", required_argument, NULL, 'c'},    {"endpoint", required_argument, NULL, 'e'},
-    {"control", required_argument, NULL, 's'},   {"job", required_argument, NULL, 'j'},
-    {"workers", required_argument, NULL, 'w'},   {"set", required_argument, NULL, 'S'},
-    {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, 'V'},         {"state-dir", required_argument, NULL, 'd'},
-    {"once", no_argument, NULL, 'O'},            {NULL, 0, NULL, 0},
+    {"config", required_argument, NULL, 'c'},
+    {"endpoint", required_argument, NULL, 'e'},
+    {"control", required_argument, NULL, 's'},
+    {"job", required_argument, NULL, 'j'},
+    {"workers", required_argument, NULL, 'w'},
+    {"set", required_argument, NULL, 'S'},
+    {"log-level", required_argument, NULL, 'l'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {"state-dir", required_argument, NULL, 'd'},
+    {"once", no_argument, NULL, 'O'},
+    {NULL, 0, NULL, 0},
 };
 #define SHORT_OPTS "c:e:s:j:w:l:d:hVO"
 
@@ -144,15 +151,16 @@ static int load_boot_job(int argc, char **argv, const omv_daemon_config_t *cfg, 
         fprintf(stderr, "omnivored: %s\n", err);
         return 2;
     }
-    if (cli->workers && omv_config_set(omv_job_table, omv_job_table_len, job, "cluster",
-                                       "workers", cli->workers, err) < 0) {
+    if (cli->workers && omv_config_set(omv_job_table, omv_job_table_len, job, "cluster", "workers",
+                                       cli->workers, err) < 0) {
         fprintf(stderr, "omnivored: --workers: %s\n", err);
         return 2;
     }
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, SHORT_OPTS, opts, NULL)) != -1) {
-        if (c == 'S' && omv_config_set_arg(omv_job_table, omv_job_table_len, job, optarg, err) < 0) {
+        if (c == 'S' &&
+            omv_config_set_arg(omv_job_table, omv_job_table_len, job, optarg, err) < 0) {
             fprintf(stderr, "omnivored: --set: %s\n", err);
             return 2;
         }

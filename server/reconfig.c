@@ -28,8 +28,7 @@ static int live_trainer(const member_t *m)
     return m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER;
 }
 
-int omv_reconfig_group_begun(const omv_groups_t *groups, const omv_members_t *members,
-                             uint32_t g)
+int omv_reconfig_group_begun(const omv_groups_t *groups, const omv_members_t *members, uint32_t g)
 {
     uint64_t clock = omv_groups_clock(groups, g);
     for (uint32_t i = 0; i < members->n; i++) {

@@ -11,8 +11,8 @@
 
 typedef struct {
     int pending;
-    uint32_t groups;  /* 0: keep */
-    int set_sgd;      /* use sgd from the next update on */
+    uint32_t groups; /* 0: keep */
+    int set_sgd;     /* use sgd from the next update on */
     omv_sgd_t sgd;
     int snapshot;     /* save parameters and momentum as the probe base */
     int restore;      /* put the probe base back (before anything else) */
@@ -24,8 +24,7 @@ void omv_reconfig_merge(omv_reconfig_t *self, const omv_reconfig_t *rc);
 
 /* Whether some member of group g was sent the parameters of the group's current step: the
  * group began it, and all its members must be able to finish it. */
-int omv_reconfig_group_begun(const omv_groups_t *groups, const omv_members_t *members,
-                             uint32_t g);
+int omv_reconfig_group_begun(const omv_groups_t *groups, const omv_members_t *members, uint32_t g);
 
 /* Whether a change may happen now: every live trainer waits for its next step and no group is
  * mid-step, so no gradient can be lost or counted twice. On 1, *ret_clock is the largest clock

@@ -8,7 +8,7 @@
 #include "wire.h"
 
 typedef struct {
-    omv_router_t *router;              /* borrowed: where the answers go */
+    omv_router_t *router;               /* borrowed: where the answers go */
     uint64_t counts[OMV_REFUSE_COUNT_]; /* by reason */
 } omv_refusals_t;
 

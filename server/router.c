@@ -47,7 +47,7 @@ omv_router_t *omv_router_new(const char *endpoint)
         goto fail;
     zmq_msg_init(&self->payload);
     return self;
-fail: {
+fail : {
     int e = errno;
     if (self->sock)
         zmq_close(self->sock);

@@ -407,8 +407,7 @@ static void serve_parked(omv_run_t *r)
         if (m->state != MEMBER_ALIVE || !m->parked)
             continue;
         int g = omv_groups_of(r->groups, m->slot);
-        if (holding &&
-            (g < 0 || !omv_reconfig_group_begun(r->groups, r->env.members, (uint32_t)g)))
+        if (holding && (g < 0 || !omv_reconfig_group_begun(r->groups, r->env.members, (uint32_t)g)))
             continue;
         if (g >= 0 && omv_groups_may_begin(r->groups, (uint32_t)g, m->parked_step)) {
             m->parked = 0;
@@ -708,8 +707,7 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
     j->eval_batch_size = (uint32_t)job->eval_batch_size;
 }
 
-static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who,
-                         omv_welcome_t *w)
+static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
 {
     uint32_t group = pick_group(r);
     m->slot = (uint32_t)free_slot(r);
@@ -725,9 +723,9 @@ static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who,
     if (rejoin)
         r->env.members->rejoins_total++;
     omv_log_info("worker %u (%s) %s: group %u from step %llu, images [%u, %u); %d alive",
-                 omv_members_id(r->env.members, m), who, rejoin ? "rejoined" : "registered",
-                 group, (unsigned long long)w->start_step, m->slice_begin,
-                 m->slice_begin + m->slice_count, omv_run_live_trainers(r));
+                 omv_members_id(r->env.members, m), who, rejoin ? "rejoined" : "registered", group,
+                 (unsigned long long)w->start_step, m->slice_begin, m->slice_begin + m->slice_count,
+                 omv_run_live_trainers(r));
 }
 
 void omv_run_join(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
@@ -810,8 +808,8 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
                       char *err)
 {
     uint32_t count, channels, rows, cols;
-    if (omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows,
-                                 &cols, err) < 0)
+    if (omv_dataset_probe_format(j->data_format, j->train_images, &count, &channels, &rows, &cols,
+                                 err) < 0)
         return -EINVAL;
     if (channels * rows * cols != j->layers[0]) {
         snprintf(err, OMV_CONFIG_ERR_MAX,
@@ -871,9 +869,9 @@ static int resume(omv_run_t *r, const omv_checkpoint_t *c)
         r->start_s = r->end_s = r->train_end_s = omv_time_s();
     }
     r->ckpt.resumed_epoch = omv_run_epoch(r);
-    omv_log_info("resumed from %s: epoch %.2f, %llu images, %u evaluations%s",
-                 r->ckpt.resumed_from, omv_run_epoch(r), (unsigned long long)c->images_total,
-                 c->n_history, c->finished ? "; the job was already done" : "");
+    omv_log_info("resumed from %s: epoch %.2f, %llu images, %u evaluations%s", r->ckpt.resumed_from,
+                 omv_run_epoch(r), (unsigned long long)c->images_total, c->n_history,
+                 c->finished ? "; the job was already done" : "");
     return 0;
 }
 
@@ -927,8 +925,8 @@ static int setup_model(omv_run_t *r)
     r->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
                  "%u per worker step",
-                 j->name, j->layers_text[0] ? j->layers_text : j->definition,
-                 r->layout.param_count, r->shards->n_shards, r->train_count, r->worker_batch);
+                 j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,
+                 r->shards->n_shards, r->train_count, r->worker_batch);
     return 0;
 }
 

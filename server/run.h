@@ -88,8 +88,8 @@ typedef struct {
 
     omv_eval_t eval;
     omv_run_ckpt_t ckpt;
-    int ckpt_forced;      /* asked for by hand: written even while a probe runs (its base) */
-    omv_tuner_t *tuner;   /* when the job's [optimizer] is on */
+    int ckpt_forced;    /* asked for by hand: written even while a probe runs (its base) */
+    omv_tuner_t *tuner; /* when the job's [optimizer] is on */
     omv_timeline_t timeline;
 
     omv_run_stop_t stopping;

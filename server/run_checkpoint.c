@@ -68,8 +68,8 @@ static int fill(omv_checkpoint_t *c, const omv_run_ckpt_view_t *v)
     c->clocks = malloc((groups ? groups : 1) * sizeof(uint64_t));
     c->history = calloc(c->n_history ? c->n_history : 1, sizeof(*c->history));
     c->members = members_text(v->members, v->groups);
-    if (!c->clocks || !c->history || !c->members || omv_tuner_save(v->tuner, omv_time_s(),
-                                                                    &c->opt) < 0)
+    if (!c->clocks || !c->history || !c->members ||
+        omv_tuner_save(v->tuner, omv_time_s(), &c->opt) < 0)
         return -ENOMEM;
     for (uint32_t g = 0; g < groups; g++)
         c->clocks[g] = omv_groups_clock(v->groups, g);

@@ -71,8 +71,8 @@ HOT static void sgd_step_one(float *restrict w, float *restrict v, const float *
 
 void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd)
 {
-    sgd_step_one(self->params, self->velocity, grad, self->count, sgd->learning_rate,
-                 sgd->momentum, sgd->weight_decay);
+    sgd_step_one(self->params, self->velocity, grad, self->count, sgd->learning_rate, sgd->momentum,
+                 sgd->weight_decay);
 }
 
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
@@ -86,8 +86,7 @@ int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
     return 0;
 }
 
-void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
-                     const omv_sgd_t *sgd)
+void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors, const omv_sgd_t *sgd)
 {
     float *sum = self->pending[group];
     if (sum == NULL)

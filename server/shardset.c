@@ -102,7 +102,8 @@ void omv_shardset_destroy(omv_shardset_t **self_p)
         leak = snapshots_in_flight(self);
         if (leak)
             omv_log_warn("ZeroMQ still holds parameters after %d s; their buffers are left "
-                         "allocated", IN_FLIGHT_WAIT_MS / 1000);
+                         "allocated",
+                         IN_FLIGHT_WAIT_MS / 1000);
         for (uint32_t s = 0; s < self->n_shards && !leak; s++)
             omv_shard_thread_destroy(&self->threads[s]);
     }
@@ -148,9 +149,8 @@ static void on_reply(omv_shardset_t *self, const omv_shard_reply_t *rep, size_t 
                      omv_payload_t *payload, int has_payload, int *acks)
 {
     omv_peer_t peer = {.len = 0};
-    size_t peer_len = rep->peer_len <= extra_len && rep->peer_len <= sizeof(peer.id)
-                          ? rep->peer_len
-                          : 0;
+    size_t peer_len =
+        rep->peer_len <= extra_len && rep->peer_len <= sizeof(peer.id) ? rep->peer_len : 0;
     memcpy(peer.id, self->pipe_extra, peer_len);
     peer.len = peer_len;
     switch (rep->type) {
@@ -233,15 +233,16 @@ static int to_all_shards(omv_shardset_t *self, const omv_shard_cmd_t *cmd)
 
 int omv_shardset_gather(omv_shardset_t *self, int velocity)
 {
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = self->gather_params,
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER,
+                           .params_dst = self->gather_params,
                            .velocity_dst = velocity ? self->gather_velocity : NULL};
     return to_all_shards(self, &cmd);
 }
 
 int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity)
 {
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_RESTORE, .params_src = params,
-                           .velocity_src = velocity};
+    omv_shard_cmd_t cmd = {
+        .type = OMV_SHARD_CMD_RESTORE, .params_src = params, .velocity_src = velocity};
     return to_all_shards(self, &cmd);
 }
 
@@ -262,7 +263,8 @@ int omv_shardset_probe_base(omv_shardset_t *self, int restore)
     }
     if (restore)
         return omv_shardset_restore(self, self->probe_params, self->probe_velocity);
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = self->probe_params,
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER,
+                           .params_dst = self->probe_params,
                            .velocity_dst = self->probe_velocity};
     return to_all_shards(self, &cmd);
 }

@@ -21,13 +21,13 @@ typedef struct {
     size_t param_count;
     uint32_t n_shards;
     uint32_t offsets[OMV_WIRE_MAX_SHARDS + 1];
-    float *params;                        /* [param_count], split among the shards */
-    omv_shard_t *shards;                  /* [n_shards], each owned by its executor */
-    omv_shard_thread_t **threads;         /* [n_shards] */
-    uint32_t threaded;                    /* shards with a thread of their own */
+    float *params;                          /* [param_count], split among the shards */
+    omv_shard_t *shards;                    /* [n_shards], each owned by its executor */
+    omv_shard_thread_t **threads;           /* [n_shards] */
+    uint32_t threaded;                      /* shards with a thread of their own */
     float *gather_params, *gather_velocity; /* [param_count]: what omv_shardset_gather fills */
-    float *probe_params, *probe_velocity; /* [param_count] the probe base, made when first
-                                           * saved */
+    float *probe_params, *probe_velocity;   /* [param_count] the probe base, made when first
+                                             * saved */
     uint8_t pipe_extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 } omv_shardset_t;
 
@@ -46,7 +46,8 @@ void omv_shardset_destroy(omv_shardset_t **self_p);
 int omv_shardset_send(omv_shardset_t *self, uint32_t s, const omv_shard_cmd_t *cmd,
                       const omv_peer_t *peer, omv_payload_t *payload);
 /* Sends cmd to every shard. */
-void omv_shardset_send_all(omv_shardset_t *self, const omv_shard_cmd_t *cmd, const omv_peer_t *peer);
+void omv_shardset_send_all(omv_shardset_t *self, const omv_shard_cmd_t *cmd,
+                           const omv_peer_t *peer);
 
 /* Handles what the executors sent back: parameters to forward, refusals. */
 void omv_shardset_drain(omv_shardset_t *self);

@@ -7,7 +7,6 @@
 #include "status.h"
 #include "util.h"
 
-
 static void metric_head(omv_strbuf_t *out, const char *name, const char *type, const char *help)
 {
     omv_strbuf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -50,8 +49,8 @@ static void label_value(omv_strbuf_t *out, const char *v)
 static void job_metrics(const omv_daemon_t *d, const omv_run_t *r, omv_strbuf_t *out)
 {
     metric_head(out, "omnivore_info", "gauge", "Build and job of this daemon (always 1).");
-    omv_strbuf_printf(out, "omnivore_info{version=\"%s\",protocol=\"%d\",job_name=\"",
-                      OMV_VERSION, OMV_PROTOCOL_VERSION);
+    omv_strbuf_printf(out, "omnivore_info{version=\"%s\",protocol=\"%d\",job_name=\"", OMV_VERSION,
+                      OMV_PROTOCOL_VERSION);
     label_value(out, r->job.name);
     omv_strbuf_printf(out, "\"} 1\n");
     metric_head(out, "omnivore_job_state", "gauge",

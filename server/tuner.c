@@ -149,8 +149,8 @@ static void write_decisions(omv_tuner_t *self)
     omv_strbuf_fini(&b);
 }
 
-int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending,
-                   float weight_decay, omv_reconfig_t *ret)
+int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending, float weight_decay,
+                   omv_reconfig_t *ret)
 {
     if (!omv_tuner_active(self))
         return 0;
@@ -254,8 +254,8 @@ int omv_tuner_save(const omv_tuner_t *self, double now, omv_checkpoint_opt_t *re
     ret->n_phases = self->n_phases;
     for (uint32_t i = 0; i < self->n_phases; i++) {
         const omv_phase_t *p = &self->phases[i];
-        ret->phases[i] = (omv_checkpoint_phase_t){p->phase, p->groups, p->momentum,
-                                                  p->learning_rate, p->epoch};
+        ret->phases[i] =
+            (omv_checkpoint_phase_t){p->phase, p->groups, p->momentum, p->learning_rate, p->epoch};
     }
     return 0;
 }

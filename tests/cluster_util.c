@@ -95,8 +95,19 @@ void sleep_ms(int ms)
 
 pid_t start_daemon(void)
 {
-    char *argv[] = {(char *)bin("OMNIVORED"), "--once", "--job", job_path, "--endpoint", endpoint,
-                    "--control", sock_path, "--state-dir", test_dir, "--log-level", "warn", NULL};
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--once",
+                    "--job",
+                    job_path,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
     return start_daemon_argv(argv);
 }
 
@@ -122,9 +133,20 @@ pid_t start_worker(const char *role)
 
 pid_t start_worker_slow(const char *role, const char *delay_ms)
 {
-    char *argv[] = {(char *)bin("OMNIVORE_WORKER"), "--server", endpoint, "--role", (char *)role,
-                    "--log-level", "warn", "--step-delay-ms", (char *)delay_ms,
-                    "--server-timeout", "2", "--name", "test-worker", NULL};
+    char *argv[] = {(char *)bin("OMNIVORE_WORKER"),
+                    "--server",
+                    endpoint,
+                    "--role",
+                    (char *)role,
+                    "--log-level",
+                    "warn",
+                    "--step-delay-ms",
+                    (char *)delay_ms,
+                    "--server-timeout",
+                    "2",
+                    "--name",
+                    "test-worker",
+                    NULL};
     return spawn(argv);
 }
 
@@ -217,7 +239,6 @@ int run_ctl(char *out, size_t cap, const char *extra)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-
 int run_omnivorectl(char *out, size_t cap, const char *env, const char *args)
 {
     char cmd[2048];
@@ -281,8 +302,8 @@ double wait_done(omv_strbuf_t *body, int timeout_ms)
         if (strcmp(state, "done") == 0)
             return field(omv_strbuf_str(body), "test_accuracy");
         ck_assert_msg(strcmp(state, "failed") != 0, "job failed: %s", omv_strbuf_str(body));
-        ck_assert_msg(omv_time_ms() < deadline, "job did not finish within %d ms: %s",
-                      timeout_ms, omv_strbuf_str(body));
+        ck_assert_msg(omv_time_ms() < deadline, "job did not finish within %d ms: %s", timeout_ms,
+                      omv_strbuf_str(body));
         sleep_ms(50);
     }
 }

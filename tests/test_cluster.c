@@ -113,7 +113,8 @@ START_TEST(test_worker_killed)
         ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 5000), 0);
         if (field(omv_strbuf_str(&body), "step") >= 20)
             break;
-        ck_assert_msg(omv_time_ms() < deadline, "training did not start: %s", omv_strbuf_str(&body));
+        ck_assert_msg(omv_time_ms() < deadline, "training did not start: %s",
+                      omv_strbuf_str(&body));
         sleep_ms(20);
     }
     kill(w1, SIGKILL);
@@ -382,8 +383,19 @@ START_TEST(test_daemon_sighup_reload)
     ck_assert_ptr_nonnull(f);
     fprintf(f, "[daemon]\nlog_level = warn\n");
     fclose(f);
-    char *argv[] = {(char *)bin("OMNIVORED"), "--once", "--config", conf, "--job", job_path, "--endpoint",
-                    endpoint, "--control", sock_path, "--state-dir", test_dir, NULL};
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--once",
+                    "--config",
+                    conf,
+                    "--job",
+                    job_path,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    NULL};
     pid_t d = start_daemon_argv(argv);
     omv_strbuf_t body;
     omv_strbuf_init(&body);

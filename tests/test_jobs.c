@@ -20,8 +20,16 @@
 
 static pid_t start_idle_daemon(void)
 {
-    char *argv[] = {(char *)bin("OMNIVORED"), "--endpoint", endpoint, "--control", sock_path,
-                    "--state-dir", test_dir, "--log-level", "warn", NULL};
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
     return start_daemon_argv(argv);
 }
 
@@ -46,8 +54,7 @@ static void submit(const char *sets, char *out, size_t cap)
 }
 
 /* Polls `jobs` until key (in the section that holds it first) reads want. */
-static void wait_jobs_text(const char *key, const char *want, int timeout_ms, char *out,
-                           size_t cap)
+static void wait_jobs_text(const char *key, const char *want, int timeout_ms, char *out, size_t cap)
 {
     int64_t deadline = omv_time_ms() + timeout_ms;
     for (;;) {
@@ -135,8 +142,7 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     /* Two jobs: the first runs now, the second waits its turn. */
     char args[1200];
     submit("--set job.name=first", out, sizeof(out));
-    ck_assert_msg(has_text(out, "\nname:first\n") && has_text(out, "\nstate:waiting\n"), "%s",
-                  out);
+    ck_assert_msg(has_text(out, "\nname:first\n") && has_text(out, "\nstate:waiting\n"), "%s", out);
     submit("--set job.name=second --set job.epochs=1", out, sizeof(out));
     ck_assert_msg(has_text(out, "\nstate:queued\nposition:1\n"), "%s", out);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "jobs"), 0);
@@ -160,7 +166,8 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_msg(field(f1 - 1, "test_accuracy") > 0.9 && field(f2 - 1, "test_accuracy") > 0.9,
                   "%s", out);
     ck_assert_msg(fabs(field(f1 - 1, "epochs") - 2.0) < 0.1 &&
-                      fabs(field(f2 - 1, "epochs") - 1.0) < 0.1, "%s", out);
+                      fabs(field(f2 - 1, "epochs") - 1.0) < 0.1,
+                  "%s", out);
 
     /* The same processes, with the same ids, wait for the next job. */
     wait_status("workers_waiting", 3, 20000);
@@ -186,14 +193,13 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_msg(has_text(out, "/nonexistent/job.ini: No such file"), "%s", out);
     snprintf(args, sizeof(args), "submit %s --set data.train_images=%s", job_path, job_path);
     ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 1);
-    ck_assert_msg(has_text(out, "job refused:") && has_text(out, "job.ini: not an IDX image"),
-                  "%s", out);
+    ck_assert_msg(has_text(out, "job refused:") && has_text(out, "job.ini: not an IDX image"), "%s",
+                  out);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     int r = omv_control_request(sock_path, "submit job.ini", &body, 5000);
     ck_assert_int_eq(r, -EREMOTEIO);
-    ck_assert_msg(has_text(omv_strbuf_str(&body), "absolute path"), "%s",
-                  omv_strbuf_str(&body));
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "absolute path"), "%s", omv_strbuf_str(&body));
     ck_assert_int_eq(status_field("jobs_submitted_total"), 2);
 
     shutdown_daemon(d);
@@ -299,8 +305,7 @@ START_TEST(test_restart_restores_the_queue)
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "stop"), 0);
     wait_jobs_text("finished_total", "2", 60000, out, sizeof(out));
     ck_assert_msg(has_text(out, "# finished_2\nname:after\n"), "%s", out);
-    ck_assert_msg(fabs(field(strstr(out, "# finished_2\n") - 1, "epochs") - 1.0) < 0.1, "%s",
-                  out);
+    ck_assert_msg(fabs(field(strstr(out, "# finished_2\n") - 1, "epochs") - 1.0) < 0.1, "%s", out);
     /* Nothing left to restore. */
     ck_assert_int_eq(access(queue, F_OK), -1);
     shutdown_daemon(d);

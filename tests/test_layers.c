@@ -98,8 +98,8 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
         float tol = 1e-2f * fmaxf(1.0f, fabsf(num)) + 1e-3f;
         if (fabsf(num - f.grad[i]) > tol) {
             if (bad < 5)
-                fprintf(stderr, "%s: parameter %zu: numeric %g analytic %g\n", text, i,
-                        (double)num, (double)f.grad[i]);
+                fprintf(stderr, "%s: parameter %zu: numeric %g analytic %g\n", text, i, (double)num,
+                        (double)f.grad[i]);
             bad++;
         }
     }
@@ -171,8 +171,8 @@ END_TEST
 
 START_TEST(test_flatten_gradients)
 {
-    ck_assert_int_eq(
-        gradient_mismatches("input 2x4x4\nconv 3 3x3\nflatten\nrelu\nfc 3\n", 3, 9), 0);
+    ck_assert_int_eq(gradient_mismatches("input 2x4x4\nconv 3 3x3\nflatten\nrelu\nfc 3\n", 3, 9),
+                     0);
     ck_assert_int_eq(gradient_mismatches("input 2x3x3\nflatten\nfc 4\nfc 3\n", 3, 10), 0);
 }
 END_TEST
@@ -217,7 +217,7 @@ START_TEST(test_conv_matches_direct)
     static const struct {
         uint32_t c, h, w, o, kh, kw, stride, pad;
     } cases[] = {
-        {1, 8, 8, 4, 5, 5, 1, 2}, {3, 7, 6, 5, 3, 3, 2, 1}, {2, 9, 5, 3, 3, 2, 1, 0},
+        {1, 8, 8, 4, 5, 5, 1, 2}, {3, 7, 6, 5, 3, 3, 2, 1},   {2, 9, 5, 3, 3, 2, 1, 0},
         {4, 6, 6, 2, 1, 1, 1, 0}, {2, 10, 10, 3, 4, 4, 3, 2},
     };
     enum { NB = 3 };
@@ -225,8 +225,8 @@ START_TEST(test_conv_matches_direct)
         uint32_t c = cases[t].c, h = cases[t].h, wd = cases[t].w, o = cases[t].o;
         uint32_t kh = cases[t].kh, kw = cases[t].kw, s = cases[t].stride, p = cases[t].pad;
         char text[256];
-        snprintf(text, sizeof(text), "input %ux%ux%u\nconv %u %ux%u stride %u pad %u\nfc 2\n", c,
-                 h, wd, o, kh, kw, s, p);
+        snprintf(text, sizeof(text), "input %ux%ux%u\nconv %u %ux%u stride %u pad %u\nfc 2\n", c, h,
+                 wd, o, kh, kw, s, p);
         omv_model_layout_t l = parse(text);
         const omv_model_layer_t *cl = &l.layers[0];
         uint32_t oh = (h + 2 * p - kh) / s + 1, ow = (wd + 2 * p - kw) / s + 1;
@@ -279,8 +279,8 @@ START_TEST(test_conv_matches_direct)
                         float a = got[((n * oh + oy) * ow + ox) * o + oc];
                         float b = want[((n * o + oc) * oh + oy) * ow + ox];
                         ck_assert_msg(fabsf(a - b) <= 1e-4f * (1.0f + fabsf(b)),
-                                      "case %zu: out[%u][%u][%u][%u] = %g, direct %g", t, n, oc,
-                                      oy, ox, (double)a, (double)b);
+                                      "case %zu: out[%u][%u][%u][%u] = %g, direct %g", t, n, oc, oy,
+                                      ox, (double)a, (double)b);
                     }
         omv_net_destroy(&net);
         free(in_chw), free(in_hwc), free(w_chw), free(bias), free(want), free(params), free(grad);
@@ -357,8 +357,7 @@ START_TEST(test_cnn_learns_blobs)
 {
     /* Bright 3x3 blocks in one of four quadrants of a noisy 8x8 image: a small CNN learns which. */
     enum { N = 128, BATCH = 16, H = 8 };
-    omv_model_layout_t l =
-        parse("input 1x8x8\nconv 4 3x3 pad 1\nrelu\nmaxpool 2\nflatten\nfc 4\n");
+    omv_model_layout_t l = parse("input 1x8x8\nconv 4 3x3 pad 1\nrelu\nmaxpool 2\nflatten\nfc 4\n");
     omv_net_t *net = omv_net_new(&l, N);
     float *params = malloc(l.param_count * sizeof(float));
     float *grad = malloc(l.param_count * sizeof(float));

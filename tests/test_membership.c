@@ -210,8 +210,7 @@ START_TEST(test_daemon_killed_and_restarted)
     for (int i = 0; i < 3; i++)
         expect_exit_0(w[i], "a worker");
     control("summary --json", &body);
-    ck_assert_msg(json_number(omv_strbuf_str(&body), "epochs") >= 3.0, "%s",
-                  omv_strbuf_str(&body));
+    ck_assert_msg(json_number(omv_strbuf_str(&body), "epochs") >= 3.0, "%s", omv_strbuf_str(&body));
     /* Synchronous training resumes exactly: the checkpoint holds whole steps with their
      * momentum, and the workers seek their data to the resumed step. So the accuracy is the
      * uninterrupted run's, not merely within the point the issue allows. */
@@ -347,9 +346,21 @@ START_TEST(test_example_survives_a_killed_worker)
     snprintf(example, sizeof(example), "%s/examples/fashion-mlp.ini", getenv("OMV_SOURCE_ROOT"));
     snprintf(sock_path, sizeof(sock_path), "%s/control.sock", test_dir);
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", test_dir);
-    char *argv[] = {(char *)bin("OMNIVORED"), "--once", "--job", example, "--endpoint", endpoint,
-                    "--control", sock_path, "--state-dir", test_dir, "--log-level", "warn",
-                    "--set", "cluster.worker_timeout_s=2", NULL};
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--once",
+                    "--job",
+                    example,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    "--set",
+                    "cluster.worker_timeout_s=2",
+                    NULL};
     pid_t d = start_daemon_argv(argv);
     omv_strbuf_t body;
     omv_strbuf_init(&body);

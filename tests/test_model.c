@@ -11,22 +11,21 @@
 #include "model.h"
 #include "testutil.h"
 
-static const char *const cnn_text =
-    "# the Fashion-MNIST CNN\n"
-    "input 1x28x28\n"
-    "conv 32 5x5 pad 2\n"
-    "relu\n"
-    "maxpool 2\n"
-    "\n"
-    "conv 64 5x5 pad 2   # second block\n"
-    "relu\n"
-    "maxpool 2\n"
-    "flatten\n"
-    "fc 256\n"
-    "relu\n"
-    "dropout 0.5\n"
-    "fc 10\n"
-    "softmax\n";
+static const char *const cnn_text = "# the Fashion-MNIST CNN\n"
+                                    "input 1x28x28\n"
+                                    "conv 32 5x5 pad 2\n"
+                                    "relu\n"
+                                    "maxpool 2\n"
+                                    "\n"
+                                    "conv 64 5x5 pad 2   # second block\n"
+                                    "relu\n"
+                                    "maxpool 2\n"
+                                    "flatten\n"
+                                    "fc 256\n"
+                                    "relu\n"
+                                    "dropout 0.5\n"
+                                    "fc 10\n"
+                                    "softmax\n";
 
 START_TEST(test_cnn_shapes_and_layout)
 {
@@ -73,8 +72,9 @@ START_TEST(test_options)
 {
     omv_model_layout_t l;
     char err[OMV_CONFIG_ERR_MAX];
-    ck_assert_msg(omv_model_parse(&l, "input 3x32x32\nconv 16 3 stride 2 pad 1\n"
-                                      "avgpool 3x3 stride 2\nfc 10\n",
+    ck_assert_msg(omv_model_parse(&l,
+                                  "input 3x32x32\nconv 16 3 stride 2 pad 1\n"
+                                  "avgpool 3x3 stride 2\nfc 10\n",
                                   "m", err) == 0,
                   "%s", err);
     ck_assert_uint_eq(l.layers[0].out.h, 16); /* (32 + 2 - 3) / 2 + 1 */
@@ -143,8 +143,11 @@ START_TEST(test_init_by_fan_in)
 {
     omv_model_layout_t l;
     char err[OMV_CONFIG_ERR_MAX];
-    ck_assert_int_eq(omv_model_parse(&l, "input 4x10x10\nconv 50 5x5\nrelu\nmaxpool 2\n"
-                                         "fc 400\nfc 10\n", "m", err), 0);
+    ck_assert_int_eq(omv_model_parse(&l,
+                                     "input 4x10x10\nconv 50 5x5\nrelu\nmaxpool 2\n"
+                                     "fc 400\nfc 10\n",
+                                     "m", err),
+                     0);
     float *p = malloc(l.param_count * sizeof(float)), *q = malloc(l.param_count * sizeof(float));
     omv_model_init(&l, p, 9);
     omv_model_init(&l, q, 9);

@@ -95,8 +95,8 @@ START_TEST(test_optimizer_keeps_what_the_job_fixes)
 {
     /* Groups fixed at 2 ([cluster] groups) and the learning rate fixed ([train]
      * learning_rate = 0.05): only momentum is tuned. */
-    run_tuned("groups = 2", "tune_groups = no\ntune_learning_rate = no", json, sizeof(json),
-              status, sizeof(status));
+    run_tuned("groups = 2", "tune_groups = no\ntune_learning_rate = no", json, sizeof(json), status,
+              sizeof(status));
     ck_assert_msg(json_number(json, "test_accuracy") > 0.95, "%s", json);
     ck_assert_msg(has_text(json, "\"phases\":[{"), "no phase in %s", json);
     /* Every phase used g = 2 and lr = 0.05. */

@@ -66,8 +66,7 @@ int omv_test_write_cifar(const char *path, const uint8_t *pixels, const uint8_t 
 }
 
 int omv_test_write_idx(const char *images_path, const char *labels_path, const uint8_t *pixels,
-                       const uint8_t *labels, uint32_t count, uint32_t rows, uint32_t cols,
-                       int gz)
+                       const uint8_t *labels, uint32_t count, uint32_t rows, uint32_t cols, int gz)
 {
     uint8_t head[16] = {0, 0, 8, 3};
     be32(head + 4, count);

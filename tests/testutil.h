@@ -11,8 +11,7 @@ void omv_test_tmpdir(char *out, size_t cap);
 /* Writes an IDX image file (count x rows x cols bytes) and a label file. gz: gzip them.
  * Returns 0 or a negative errno. */
 int omv_test_write_idx(const char *images_path, const char *labels_path, const uint8_t *pixels,
-                       const uint8_t *labels, uint32_t count, uint32_t rows, uint32_t cols,
-                       int gz);
+                       const uint8_t *labels, uint32_t count, uint32_t rows, uint32_t cols, int gz);
 
 /* A small separable problem: `count` images of rows x cols whose class (of `classes`) decides
  * which block of pixels is bright, with seeded noise. Writes the IDX pair. */

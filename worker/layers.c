@@ -101,8 +101,8 @@ static void fc_backward(omv_layer_t *self, const float *params, const float *in,
                   grad + s->w_offset, k);
     sum_rows(grad + s->b_offset, self->dout, batch, s->units);
     if (din != NULL) /* din[batch][fan_in] = dout[batch][units] * W[units][fan_in] */
-        omv_blas_gemm(false, false, (int)batch, k, n, 1.0f, self->dout, n, params + s->w_offset,
-                      k, 0.0f, din, k);
+        omv_blas_gemm(false, false, (int)batch, k, n, 1.0f, self->dout, n, params + s->w_offset, k,
+                      0.0f, din, k);
 }
 
 /* ---- convolution ---- */
@@ -241,8 +241,9 @@ static void maxpool_forward(omv_layer_t *self, const float *in, uint32_t batch)
                     out[j] = -FLT_MAX;
                 for (uint32_t ky = 0; ky < s->kh; ky++) {
                     for (uint32_t kx = 0; kx < s->kw; kx++) {
-                        size_t at = base + (((size_t)oy * s->stride + ky) * w +
-                                            (size_t)ox * s->stride + kx) * c;
+                        size_t at =
+                            base +
+                            (((size_t)oy * s->stride + ky) * w + (size_t)ox * s->stride + kx) * c;
                         window_max(out, arg, in + at, (uint32_t)(at - base), c);
                     }
                 }
@@ -285,8 +286,9 @@ static void avgpool_walk(omv_layer_t *self, const float *in, float *din, uint32_
                     memset(out, 0, c * sizeof(float));
                 for (uint32_t ky = 0; ky < s->kh; ky++) {
                     for (uint32_t kx = 0; kx < s->kw; kx++) {
-                        size_t at = base + (((size_t)oy * s->stride + ky) * w +
-                                            (size_t)ox * s->stride + kx) * c;
+                        size_t at =
+                            base +
+                            (((size_t)oy * s->stride + ky) * w + (size_t)ox * s->stride + kx) * c;
                         if (din == NULL) {
                             for (uint32_t j = 0; j < c; j++)
                                 out[j] += in[at + j] * scale;

@@ -35,7 +35,7 @@ omv_link_t *omv_link_new(const char *endpoint)
         goto fail;
     zmq_msg_init(&self->payload);
     return self;
-fail: {
+fail : {
     int e = errno;
     if (self->sock)
         zmq_close(self->sock);

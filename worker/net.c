@@ -22,9 +22,9 @@ enum { JOB_TRAIN, JOB_EVAL };
 typedef struct {
     omv_net_t *net;
     omv_layer_t layers[OMV_MODEL_MAX_LAYERS];
-    float *prob;  /* [part_batch][classes] */
-    float *grad;  /* [param_count] this part's gradient; part 0 of one part: NULL (writes the
-                     caller's directly) */
+    float *prob; /* [part_batch][classes] */
+    float *grad; /* [param_count] this part's gradient; part 0 of one part: NULL (writes the
+                    caller's directly) */
     omv_rng_t rng;
     uint32_t begin, count; /* this step's images */
     double loss_sum;

@@ -34,15 +34,15 @@ typedef struct {
     omv_dataset_norm_t norm;
     omv_dataset_t data;
     uint32_t slice_begin, slice_count; /* the slice in data */
-    float *params;   /* [param_count] */
-    float *grad;     /* [param_count] */
-    float *x;        /* [batch][inputs] */
-    uint8_t *y;      /* [batch] */
-    uint32_t *order; /* [data.count] this epoch's permutation */
-    uint8_t *got;    /* [n_shards] which shards of the pull arrived */
-    uint32_t batch;  /* images to compute this step (from the daemon) */
-    uint64_t epoch;  /* passes over our slice */
-    uint32_t cursor; /* next position in order */
+    float *params;                     /* [param_count] */
+    float *grad;                       /* [param_count] */
+    float *x;                          /* [batch][inputs] */
+    uint8_t *y;                        /* [batch] */
+    uint32_t *order;                   /* [data.count] this epoch's permutation */
+    uint8_t *got;                      /* [n_shards] which shards of the pull arrived */
+    uint32_t batch;                    /* images to compute this step (from the daemon) */
+    uint64_t epoch;                    /* passes over our slice */
+    uint32_t cursor;                   /* next position in order */
     int64_t last_sent_ms, last_recv_ms;
     omv_rng_t delay_rng;
 } session_t;
@@ -188,8 +188,9 @@ static int handshake(session_t *s, int wait_ms)
         return -EPROTO;
     }
     if (m.u.welcome.protocol_version != OMV_PROTOCOL_VERSION) {
-        omv_log_error("daemon speaks protocol version %u, this worker speaks %d: upgrade one of them",
-                      m.u.welcome.protocol_version, OMV_PROTOCOL_VERSION);
+        omv_log_error(
+            "daemon speaks protocol version %u, this worker speaks %d: upgrade one of them",
+            m.u.welcome.protocol_version, OMV_PROTOCOL_VERSION);
         return -EPROTO;
     }
     s->worker_id = m.u.welcome.worker_id;
@@ -293,8 +294,7 @@ static int load_data(session_t *s, uint32_t begin, uint32_t count)
     const char *format = j->data_format[0] ? j->data_format : "idx";
     int r;
     if (s->cfg->role == OMV_ROLE_TRAINER)
-        r = omv_dataset_open(&s->data, format, j->train_images, j->train_labels, begin, count,
-                             err);
+        r = omv_dataset_open(&s->data, format, j->train_images, j->train_labels, begin, count, err);
     else
         r = omv_dataset_open(&s->data, format, j->test_images, j->test_labels, 0, 0, err);
     if (r < 0) {
@@ -493,8 +493,8 @@ static int pull(session_t *s, uint64_t *step_p)
         have++;
     }
     if (batch != s->batch && s->batch != 0)
-        omv_log_info("worker %u: %u images a step now (the group's members changed)",
-                     s->worker_id, batch);
+        omv_log_info("worker %u: %u images a step now (the group's members changed)", s->worker_id,
+                     batch);
     int reseek = batch != s->batch;
     s->batch = batch;
     if (slice_begin != s->slice_begin || slice_count != s->slice_count) {
@@ -556,8 +556,8 @@ static int train(session_t *s)
         omv_msg_t m = {.type = OMV_MSG_PUSH};
         for (uint32_t sh = 0; sh < j->n_shards; sh++) {
             uint32_t off = j->shard_offsets[sh];
-            m.u.push = (omv_push_t){s->worker_id, step, sh, off, j->shard_offsets[sh + 1] - off,
-                                    loss, s->batch, ms};
+            m.u.push = (omv_push_t){s->worker_id, step,     sh, off, j->shard_offsets[sh + 1] - off,
+                                    loss,         s->batch, ms};
             r = send_msg(s, &m, s->grad + off);
             if (r < 0)
                 return r;
@@ -587,8 +587,8 @@ static int evaluate(session_t *s)
         size_t len;
         const void *data = omv_link_payload(s->link, &len);
         if (m.u.eval_request.count != j->param_count) {
-            omv_log_error("eval snapshot has %u parameters, the model %u",
-                          m.u.eval_request.count, j->param_count);
+            omv_log_error("eval snapshot has %u parameters, the model %u", m.u.eval_request.count,
+                          j->param_count);
             return -EPROTO;
         }
         memcpy(s->params, data, len);

@@ -10,11 +10,11 @@ typedef struct {
     const char *endpoint; /* borrowed */
     const char *name;     /* borrowed; what `omnivorectl workers` shows (NULL: none) */
     omv_role_t role;
-    int threads;          /* BLAS threads */
-    int hello_timeout_ms; /* how long to keep trying to register at first */
-    int heartbeat_ms;     /* heartbeat period while waiting */
-    int server_timeout_ms; /* a daemon silent this long while we wait is taken for gone */
-    int retry_ms;         /* how long to keep trying to reach it again (0: forever) */
+    int threads;                    /* BLAS threads */
+    int hello_timeout_ms;           /* how long to keep trying to register at first */
+    int heartbeat_ms;               /* heartbeat period while waiting */
+    int server_timeout_ms;          /* a daemon silent this long while we wait is taken for gone */
+    int retry_ms;                   /* how long to keep trying to reach it again (0: forever) */
     int delay_min_ms, delay_max_ms; /* extra time per step, uniform in [min, max]: emulates a
                                      * slower device (experiments and tests); 0: none */
 } omv_session_config_t;
