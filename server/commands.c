@@ -29,8 +29,8 @@ typedef int (*handler_fn)(omv_daemon_t *d, int argc, char **argv, int json, omv_
 
 typedef struct {
     const char *name;
-    const char *args;       /* for the help text; NULL: none */
-    int min_args, max_args; /* words after the name; max -1: any number */
+    const char *args; /* for the help text; NULL: none */
+    int max_args;     /* words after the name; -1: any number */
     unsigned flags;
     handler_fn handler;
 } command_t;
@@ -359,20 +359,20 @@ static int cmd_shutdown(omv_daemon_t *d, int argc, char **argv, int json, omv_st
 static int cmd_help(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply);
 
 static const command_t commands[] = {
-    {"status", NULL, 0, 0, 0, cmd_status},
-    {"workers", NULL, 0, 0, 0, cmd_workers},
-    {"groups", NULL, 0, 0, NEEDS_JOB, cmd_groups},
-    {"metrics", NULL, 0, 0, NO_JSON, cmd_metrics},
-    {"summary", NULL, 0, 0, NEEDS_JOB, cmd_summary},
-    {"history", NULL, 0, 0, NEEDS_JOB, cmd_history},
-    {"checkpoint", NULL, 0, 0, NEEDS_JOB, cmd_checkpoint},
-    {"optimizer", NULL, 0, 0, 0, cmd_optimizer},
-    {"regroup", "G", 0, 1, NEEDS_JOB, cmd_regroup},
-    {"jobs", NULL, 0, 0, 0, cmd_jobs},
-    {"submit", "PATH [S.K=V ...]", 0, -1, 0, cmd_submit},
-    {"stop", "[ID|NAME]", 0, 1, 0, cmd_stop},
-    {"shutdown", NULL, 0, 0, 0, cmd_shutdown},
-    {"help", NULL, 0, 0, 0, cmd_help},
+    {"status", NULL, 0, 0, cmd_status},
+    {"workers", NULL, 0, 0, cmd_workers},
+    {"groups", NULL, 0, NEEDS_JOB, cmd_groups},
+    {"metrics", NULL, 0, NO_JSON, cmd_metrics},
+    {"summary", NULL, 0, NEEDS_JOB, cmd_summary},
+    {"history", NULL, 0, NEEDS_JOB, cmd_history},
+    {"checkpoint", NULL, 0, NEEDS_JOB, cmd_checkpoint},
+    {"optimizer", NULL, 0, 0, cmd_optimizer},
+    {"regroup", "G", 1, NEEDS_JOB, cmd_regroup},
+    {"jobs", NULL, 0, 0, cmd_jobs},
+    {"submit", "PATH [S.K=V ...]", -1, 0, cmd_submit},
+    {"stop", "[ID|NAME]", 1, 0, cmd_stop},
+    {"shutdown", NULL, 0, 0, cmd_shutdown},
+    {"help", NULL, 0, 0, cmd_help},
 };
 
 static int cmd_help(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
