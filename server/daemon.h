@@ -1,5 +1,6 @@
 /* omnivored's core: one event loop that owns the worker endpoint, the control socket, the
- * model's shards, the compute groups, the job's progress and its evaluation schedule. */
+ * member records, the job queue and the current job's run (run.h), which owns the model's
+ * shards, the compute groups, the job's progress and its evaluation schedule. */
 #pragma once
 
 #include <signal.h>
