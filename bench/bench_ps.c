@@ -291,8 +291,9 @@ static void push_msg(const worker_t *w, uint32_t shard, omv_msg_t *m)
     const case_run_t *c = w->c;
     uint32_t off = c->shard_offsets[shard];
     m->type = OMV_MSG_PUSH;
-    m->u.push = (omv_push_t){w->worker_id, w->step, shard, off, c->shard_offsets[shard + 1] - off,
-                             0.0f,         1,       0.0f};
+    m->u.push =
+        (omv_push_t){w->worker_id, w->step, shard, off,          c->shard_offsets[shard + 1] - off,
+                     0.0f,         1,       0.0f,  OMV_WIRE_FP32};
 }
 
 /* One push of the whole model (a zero gradient for w->step) and one pull of the whole model

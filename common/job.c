@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "wire.h"
 #include "util.h"
 
 #define FIELD(f) offsetof(omv_job_t, f)
@@ -50,7 +51,8 @@ const omv_config_entry_t omv_job_table[] = {
     {"data", "std", STR(std_text), "", 0, 0, 0,
      "then divided by this: one value, or one per input channel (empty: 1)"},
     {"train", "batch_size", INT(batch_size), "64", 1, 65536, 0,
-     "images per step of a compute group, split evenly among its workers"},
+     "images per step of a compute group, split among its workers as evenly as it goes (the "
+     "update weighs each by its images)"},
     {"train", "learning_rate", DBL(learning_rate), "0.01", 0, 100, 0, "SGD step size"},
     {"train", "momentum", DBL(momentum), "0.9", 0, 0.999, 0, "SGD momentum"},
     {"train", "weight_decay", DBL(weight_decay), "0", 0, 1, 0, "L2 penalty added to gradients"},
@@ -60,6 +62,9 @@ const omv_config_entry_t omv_job_table[] = {
     {"cluster", "staleness", INT(staleness), "none", 0, 1e6, OMV_CONFIG_NONE_IS_NEG,
      "bound s across groups (0: lock-step; none or -1: no bound)"},
     {"cluster", "shards", INT(shards), "2", 1, 256, 0, "parameter shards on the daemon"},
+    {"cluster", "wire", STR(wire_name), "fp32", 0, 0, 0,
+     "how parameters and gradients travel: fp32, or bf16 (half the bytes; the daemon keeps and "
+     "updates fp32)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead"},
     {"cluster", "start_timeout_s", DBL(start_timeout_s), "60", 0.1, 86400, 0,
@@ -264,6 +269,12 @@ static int validate_model(omv_job_t *job, const char *path, int layers_line, cha
             r = -EINVAL;
         }
     }
+    if (r == 0 && strcmp(job->wire_name, "fp32") != 0 && strcmp(job->wire_name, "bf16") != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] wire: '%s' is not fp32 or bf16", path,
+                 job->wire_name);
+        r = -EINVAL;
+    }
+    job->wire = strcmp(job->wire_name, "bf16") == 0 ? OMV_WIRE_BF16 : OMV_WIRE_FP32;
     if (r == 0 && strcmp(job->data_format, "idx") != 0 &&
         strcmp(job->data_format, "cifar10") != 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] format: '%s' is not idx or cifar10", path,
@@ -323,11 +334,13 @@ int omv_job_validate(omv_job_t *job, const char *path, char *err)
                  (long long)job->workers, (long long)job->groups);
         return -EINVAL;
     }
+    /* A group's batch splits as evenly as it can (64 over 3: 22, 21, 21); each member needs at
+     * least one image. */
     int64_t per_group = job->workers / job->groups;
-    if (job->batch_size % per_group != 0) {
+    if (job->batch_size < per_group) {
         snprintf(err, OMV_CONFIG_ERR_MAX,
-                 "%s: [train] batch_size: %lld images do not split evenly among the %lld workers "
-                 "of a group",
+                 "%s: [train] batch_size: %lld images cannot give each of the %lld workers of a "
+                 "group one",
                  path, (long long)job->batch_size, (long long)per_group);
         return -EINVAL;
     }

@@ -36,6 +36,8 @@ typedef struct {
     char test_labels[OMV_JOB_PATH_MAX];
     int64_t train_limit;  /* use only the first N training images; 0: all */
     char data_format[16]; /* idx or cifar10 */
+    char wire_name[8];    /* [cluster] wire: fp32 or bf16 */
+    int wire;             /* OMV_WIRE_* (wire.h), from wire_name once validated */
     double scale;         /* pixel byte * scale, then per channel - mean, / std */
     char mean_text[256], std_text[256];
     float mean[16], std[16]; /* parsed: 0, 1 or as many as the model's input channels */

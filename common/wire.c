@@ -74,6 +74,14 @@ uint32_t omv_wire_payload_count(const omv_msg_t *msg)
     }
 }
 
+size_t omv_wire_payload_bytes(const omv_msg_t *msg)
+{
+    uint32_t wire = msg->type == OMV_MSG_PARAMS ? msg->u.params.wire
+                    : msg->type == OMV_MSG_PUSH ? msg->u.push.wire
+                                                : OMV_WIRE_FP32;
+    return (size_t)omv_wire_payload_count(msg) * (wire == OMV_WIRE_BF16 ? 2 : 4);
+}
+
 /* The protobuf-c messages one envelope points to while it is packed: its body, and beside a
  * welcome its job. They live on the encoder's stack, so packing allocates nothing. */
 typedef struct {
@@ -134,6 +142,7 @@ static void encode_jobspec(const omv_jobspec_t *j, Omnivore__JobSpec *out)
     out->n_shard_offsets = j->n_shards + 1;
     out->shard_offsets = (uint32_t *)j->shard_offsets;
     out->eval_batch_size = j->eval_batch_size;
+    out->wire = j->wire;
 }
 
 /* An idle worker's welcome carries no job. */
@@ -164,6 +173,7 @@ static Omnivore__Params *encode_params(const omv_params_t *p, Omnivore__Params *
     out->slice_begin = p->slice_begin;
     out->slice_count = p->slice_count;
     out->batch = p->batch;
+    out->wire = p->wire;
     return out;
 }
 
@@ -178,6 +188,7 @@ static Omnivore__Push *encode_push(const omv_push_t *p, Omnivore__Push *out)
     out->loss = p->loss;
     out->samples = p->samples;
     out->compute_ms = p->compute_ms;
+    out->wire = p->wire;
     return out;
 }
 
@@ -325,6 +336,9 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
     out->total_steps = j->total_steps;
     out->param_count = j->param_count;
     out->eval_batch_size = j->eval_batch_size;
+    if (j->wire > OMV_WIRE_BF16)
+        FAIL("job's wire %u is not fp32 (0) or bf16 (1)", j->wire);
+    out->wire = j->wire;
     return 0;
 }
 
@@ -360,14 +374,18 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         return 0;
     case OMNIVORE__ENVELOPE__BODY_PARAMS: {
         const Omnivore__Params *p = env->params;
-        m->u.params = (omv_params_t){p->step,  p->shard,       p->offset,      p->count,
-                                     p->group, p->slice_begin, p->slice_count, p->batch};
+        if (p->wire > OMV_WIRE_BF16)
+            FAIL("parameters' wire %u is not fp32 (0) or bf16 (1)", p->wire);
+        m->u.params = (omv_params_t){p->step,        p->shard,       p->offset, p->count, p->group,
+                                     p->slice_begin, p->slice_count, p->batch,  p->wire};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {
         const Omnivore__Push *p = env->push;
-        m->u.push = (omv_push_t){p->worker_id, p->step, p->shard,   p->offset,
-                                 p->count,     p->loss, p->samples, p->compute_ms};
+        if (p->wire > OMV_WIRE_BF16)
+            FAIL("gradient's wire %u is not fp32 (0) or bf16 (1)", p->wire);
+        m->u.push = (omv_push_t){p->worker_id, p->step,    p->shard,      p->offset, p->count,
+                                 p->loss,      p->samples, p->compute_ms, p->wire};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_HEARTBEAT:

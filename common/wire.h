@@ -9,12 +9,15 @@
 #include "job.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 3
+#define OMV_PROTOCOL_VERSION 4
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
 #define OMV_WIRE_MAX_SHARDS 256
 #define OMV_WIRE_REASON_MAX 256
+
+/* How parameters and gradients travel ([cluster] wire): the daemon keeps fp32 either way. */
+enum { OMV_WIRE_FP32 = 0, OMV_WIRE_BF16 = 1 };
 
 typedef enum {
     OMV_MSG_NONE = 0,
@@ -84,6 +87,7 @@ typedef struct {
     uint32_t shard_offsets[OMV_WIRE_MAX_SHARDS + 1];
     uint32_t n_shards;
     uint32_t eval_batch_size;
+    uint32_t wire; /* OMV_WIRE_*: how parameters and gradients travel */
 } omv_jobspec_t;
 
 typedef struct {
@@ -106,6 +110,7 @@ typedef struct {
     uint32_t group;
     uint32_t slice_begin, slice_count;
     uint32_t batch; /* images to compute this step */
+    uint32_t wire;  /* OMV_WIRE_*: how the values are stored */
 } omv_params_t;
 
 typedef struct {
@@ -115,6 +120,7 @@ typedef struct {
     float loss;
     uint32_t samples;
     float compute_ms;
+    uint32_t wire; /* OMV_WIRE_*: how the values are stored */
 } omv_push_t;
 
 typedef struct {
@@ -168,8 +174,10 @@ typedef struct {
 /* Names a message type for logs. */
 const char *omv_msg_name(omv_msg_type_t type);
 
-/* Floats that must follow this message in its second frame (0 for none). */
+/* Values that must follow this message in its second frame (0 for none). */
 uint32_t omv_wire_payload_count(const omv_msg_t *msg);
+/* The payload's size in bytes: its count of values times 4 (fp32) or 2 (bf16). */
+size_t omv_wire_payload_bytes(const omv_msg_t *msg);
 
 /* Encodes msg into buf[cap]. Returns 0 and the length in ret_len, -EMSGSIZE when it does not
  * fit, -EINVAL for a message we cannot send (unknown type). Allocates nothing. */

@@ -33,6 +33,7 @@ typedef struct {
     uint32_t slice_begin, slice_count; /* its part of the training set now */
     int parked;                        /* a pull is waiting */
     uint64_t parked_step;
+    uint32_t batch;       /* images it was given for the step it was last sent */
     int served;           /* it was sent parameters at least once */
     uint64_t served_step; /* the step it was last sent parameters for */
 } member_t;

@@ -158,9 +158,10 @@ int omv_router_recv(omv_router_t *self, omv_peer_t *ret_peer, omv_msg_t *ret, ch
         }
     }
     size_t have = self->has_payload ? zmq_msg_size(&self->payload) : 0;
-    if (have != (size_t)count * sizeof(float)) {
-        snprintf(why, OMV_WIRE_REASON_MAX, "%s announces %u floats but carries %zu bytes",
-                 omv_msg_name(ret->type), count, have);
+    if (have != omv_wire_payload_bytes(ret)) {
+        snprintf(why, OMV_WIRE_REASON_MAX,
+                 "%s announces %u values (%zu bytes) but carries %zu bytes",
+                 omv_msg_name(ret->type), count, omv_wire_payload_bytes(ret), have);
         return -EPROTO;
     }
     return 0;
@@ -188,7 +189,7 @@ int omv_router_send(omv_router_t *self, const omv_peer_t *peer, const omv_msg_t 
         return -errno;
     if (zmq_send(self->sock, self->buf, len, (count ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
         return -errno;
-    if (count && zmq_send(self->sock, payload, (size_t)count * sizeof(float), ZMQ_DONTWAIT) < 0)
+    if (count && zmq_send(self->sock, payload, omv_wire_payload_bytes(msg), ZMQ_DONTWAIT) < 0)
         return -errno;
     return 0;
 }

@@ -370,6 +370,34 @@ static int try_reconfig(omv_run_t *r)
 
 /* ---- pulls ---- */
 
+/* The group's batch is the job's, whoever is in it: its live members share it as evenly as it
+ * goes, the first in order of id taking one more (64 over 3: 22, 21, 21). */
+static uint32_t member_batch(const omv_run_t *r, const member_t *m, uint32_t group)
+{
+    uint32_t live = omv_groups_live(r->groups, group), rank = 0;
+    if (live == 0)
+        live = 1;
+    for (uint32_t i = 0; i < r->env.members->n; i++) {
+        const member_t *o = &r->env.members->records[i];
+        if (o == m)
+            break;
+        rank += o->state == MEMBER_ALIVE && o->role == OMV_ROLE_TRAINER &&
+                omv_groups_of(r->groups, o->slot) == (int)group;
+    }
+    uint32_t b = (uint32_t)r->job.batch_size;
+    return b / live + (rank % live < b % live ? 1 : 0);
+}
+
+/* What a member's gradient counts for in its group's mean: the images it computed over the
+ * group's mean share, so that the update is the mean weighted by images; exactly 1 when the
+ * batch splits evenly (the update is then the plain mean, bit for bit). */
+static float push_weight(const omv_run_t *r, const member_t *m, uint32_t group)
+{
+    uint64_t live = omv_groups_live(r->groups, group);
+    uint64_t share = (uint64_t)m->batch * live, b = (uint64_t)r->job.batch_size;
+    return m->batch == 0 || live == 0 || share == b ? 1.0f : (float)((double)share / (double)b);
+}
+
 static void send_params(omv_run_t *r, member_t *m, uint64_t step)
 {
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
@@ -380,11 +408,10 @@ static void send_params(omv_run_t *r, member_t *m, uint64_t step)
             step - c > r->staleness_max_observed)
             r->staleness_max_observed = step - c;
     }
-    /* The group's batch is the job's, whoever is in it: its live members share it. */
     m->served = 1;
     m->served_step = step;
-    uint32_t live = omv_groups_live(r->groups, group);
-    uint32_t batch = (uint32_t)r->job.batch_size / (live ? live : 1);
+    uint32_t batch = member_batch(r, m, group);
+    m->batch = batch;
     /* Each shard's executor answers with a snapshot of its part, sent without a copy; commands
      * to a shard run in order, so every update applied so far is in it. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
@@ -393,7 +420,8 @@ static void send_params(omv_run_t *r, member_t *m, uint64_t step)
                            .worker_id = omv_members_id(r->env.members, m),
                            .slice_begin = m->slice_begin,
                            .slice_count = m->slice_count,
-                           .batch = batch ? batch : 1};
+                           .batch = batch ? batch : 1,
+                           .wire = (uint32_t)r->job.wire};
     omv_shardset_send_all(r->shards, &cmd, &m->peer);
 }
 
@@ -508,7 +536,9 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .step = p->step,
                            .worker_id = omv_members_id(r->env.members, m),
                            .sgd = r->sgd,
-                           .solo = omv_groups_live(r->groups, group) == 1};
+                           .solo = omv_groups_live(r->groups, group) == 1,
+                           .wire = p->wire,
+                           .weight = push_weight(r, m, group)};
     omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, &payload);
     if (p->shard == 0)
         count_step(r, m, group, p);
@@ -705,6 +735,7 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
     j->n_shards = r->shards->n_shards;
     memcpy(j->shard_offsets, r->shards->offsets, (r->shards->n_shards + 1) * sizeof(uint32_t));
     j->eval_batch_size = (uint32_t)job->eval_batch_size;
+    j->wire = (uint32_t)job->wire;
 }
 
 static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
@@ -819,7 +850,9 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
     }
     if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
         count = (uint32_t)j->train_limit;
-    uint32_t worker_batch = (uint32_t)(j->batch_size / (j->workers / j->groups));
+    /* The most a member is given: a group's batch splits as evenly as it goes. */
+    uint32_t per_group = (uint32_t)(j->workers / j->groups);
+    uint32_t worker_batch = (uint32_t)((j->batch_size + per_group - 1) / per_group);
     if (count / (uint32_t)j->workers < worker_batch) {
         snprintf(err, OMV_CONFIG_ERR_MAX,
                  "%s: %u images split over %lld workers leave fewer than a batch of %u per "
@@ -924,9 +957,10 @@ static int setup_model(omv_run_t *r)
         return -ENOMEM;
     r->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
-                 "%u per worker step",
+                 "%u per worker step; parameters and gradients travel as %s",
                  j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,
-                 r->shards->n_shards, r->train_count, r->worker_batch);
+                 r->shards->n_shards, r->train_count, r->worker_batch,
+                 j->wire == OMV_WIRE_BF16 ? "bf16" : "fp32");
     return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "log.h"
 #include "util.h"
 #include "wire.h"
@@ -18,10 +19,26 @@
 #define MAX_SNAPSHOTS 16
 
 typedef struct {
-    float *data;      /* [count] */
+    void *data;       /* [count] floats, or bf16 values in the first half (room for either) */
     atomic_int refs;  /* messages that still use it (released by ZeroMQ's I/O thread) */
     uint64_t version; /* the shard's version it holds */
+    uint32_t wire;    /* OMV_WIRE_*: how data holds it */
 } snapshot_t;
+
+/* Bytes a value takes on the wire. */
+static size_t value_bytes(uint32_t wire)
+{
+    return wire == OMV_WIRE_BF16 ? 2 : sizeof(float);
+}
+
+/* Writes the shard's parameters into dst as wire asks. */
+static void export_params(const omv_shard_t *sh, void *dst, uint32_t wire)
+{
+    if (wire == OMV_WIRE_BF16)
+        omv_bf16_from_f32(dst, sh->params, sh->count);
+    else
+        memcpy(dst, sh->params, sh->count * sizeof(float));
+}
 
 struct omv_shard_thread {
     pthread_t thread;
@@ -61,15 +78,15 @@ static void release_copy(void *data, void *hint)
     atomic_fetch_add_explicit(&self->copies_freed, 1, memory_order_release);
 }
 
-/* A snapshot of the current version: the one already made, or a free one refreshed. NULL when
- * all are in flight. */
-static snapshot_t *current_snapshot(omv_shard_thread_t *self)
+/* A snapshot of the current version as wire stores it: the one already made, or a free one
+ * refreshed. NULL when all are in flight. */
+static snapshot_t *current_snapshot(omv_shard_thread_t *self, uint32_t wire)
 {
     snapshot_t *free_one = NULL;
     for (int i = 0; i < self->n_snaps; i++) {
         snapshot_t *s = &self->snaps[i];
         int refs = atomic_load_explicit(&s->refs, memory_order_acquire);
-        if (s->version == self->version && s->data != NULL)
+        if (s->version == self->version && s->wire == wire && s->data != NULL)
             return s;
         if (refs == 0 && free_one == NULL)
             free_one = s;
@@ -84,8 +101,9 @@ static snapshot_t *current_snapshot(omv_shard_thread_t *self)
     }
     if (free_one == NULL)
         return NULL;
-    memcpy(free_one->data, self->shard->params, self->shard->count * sizeof(float));
+    export_params(self->shard, free_one->data, wire);
     free_one->version = self->version;
+    free_one->wire = wire;
     atomic_fetch_add_explicit(&self->snapshots_made, 1, memory_order_relaxed);
     return free_one;
 }
@@ -111,7 +129,7 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
     omv_shard_t *sh = self->shard;
     size_t len;
     const void *data = omv_payload_data(payload, &len);
-    if (len != (size_t)sh->count * sizeof(float) || cmd->group >= sh->n_groups) {
+    if (len != (size_t)sh->count * value_bytes(cmd->wire) || cmd->group >= sh->n_groups) {
         /* The event loop checked the shape; this would be our bug, not the worker's. */
         omv_log_error("shard %u: a gradient of %zu bytes for group %u does not fit", self->index,
                       len, cmd->group);
@@ -119,8 +137,20 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
         return;
     }
     const float *grad = data;
-    if (((uintptr_t)data & (sizeof(float) - 1)) != 0) {
+    if (cmd->wire == OMV_WIRE_BF16) {
+        /* Widened exactly: the sum and the update are fp32 as with an fp32 gradient. */
+        omv_bf16_to_f32(self->scratch, data, sh->count);
+        grad = self->scratch;
+    } else if (((uintptr_t)data & (sizeof(float) - 1)) != 0) {
         memcpy(self->scratch, data, len);
+        grad = self->scratch;
+    }
+    if (cmd->weight != 0.0f && cmd->weight != 1.0f) {
+        /* A member that computed more images than the group's mean share counts for more. */
+        if (grad != self->scratch)
+            memcpy(self->scratch, grad, len);
+        for (uint32_t i = 0; i < sh->count; i++)
+            self->scratch[i] *= cmd->weight;
         grad = self->scratch;
     }
     if (omv_all_finite(grad, sh->count)) {
@@ -147,8 +177,10 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
 {
     omv_shard_t *sh = self->shard;
     omv_msg_t m = {.type = OMV_MSG_PARAMS};
-    m.u.params = (omv_params_t){cmd->step,  self->index,      sh->offset,       sh->count,
-                                cmd->group, cmd->slice_begin, cmd->slice_count, cmd->batch};
+    m.u.params =
+        (omv_params_t){cmd->step,        self->index,      sh->offset, sh->count, cmd->group,
+                       cmd->slice_begin, cmd->slice_count, cmd->batch, cmd->wire};
+    size_t bytes = sh->count * value_bytes(cmd->wire);
     uint8_t env[1024];
     size_t env_len;
     if (omv_wire_encode(&m, env, sizeof(env), &env_len) < 0) {
@@ -156,12 +188,11 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
         return;
     }
     omv_payload_t payload;
-    snapshot_t *s = current_snapshot(self);
+    snapshot_t *s = current_snapshot(self, cmd->wire);
     int r;
     if (s != NULL) {
         atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
-        r = omv_payload_init_shared(&payload, s->data, sh->count * sizeof(float), release_snapshot,
-                                    s);
+        r = omv_payload_init_shared(&payload, s->data, bytes, release_snapshot, s);
         if (r < 0)
             atomic_fetch_sub_explicit(&s->refs, 1, memory_order_relaxed);
     } else {
@@ -170,9 +201,8 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
         float *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
         r = -ENOMEM;
         if (copy != NULL) {
-            memcpy(copy, sh->params, sh->count * sizeof(float));
-            r = omv_payload_init_shared(&payload, copy, sh->count * sizeof(float), release_copy,
-                                        self);
+            export_params(sh, copy, cmd->wire);
+            r = omv_payload_init_shared(&payload, copy, bytes, release_copy, self);
             if (r < 0)
                 free(copy); /* ZeroMQ took nothing, so it will never call release_copy */
             else

@@ -32,6 +32,10 @@ typedef struct {
     uint64_t step;
     uint32_t worker_id;
     uint32_t slice_begin, slice_count, batch; /* SERVE: what the Params message says */
+    uint32_t wire;                            /* SERVE: how to send the parameters; PUSH: how
+                                               * the gradient is stored (OMV_WIRE_*) */
+    float weight;                             /* PUSH: what the gradient counts for in its
+                                               * group's mean (0 or 1: as it is) */
     omv_sgd_t sgd;                            /* APPLY; PUSH with solo */
     uint32_t solo;                            /* PUSH: the group has this one member, so its
                                                * gradient is applied at once (the APPLY that

@@ -106,6 +106,7 @@ static void section_cluster(const omv_daemon_t *d, const omv_run_t *r, int json,
     omv_kv_int(kv, "groups_now", omv_groups_count(r->groups));
     omv_kv_int(kv, "staleness", r->job.staleness);
     omv_kv_int(kv, "shards", n_shards(r));
+    omv_kv_str(kv, "wire", r->job.wire_name[0] ? r->job.wire_name : "fp32");
     omv_kv_int(kv, "staleness_max_observed", (int64_t)r->staleness_max_observed);
     omv_kv_int(kv, "late_gradients_total", (int64_t)r->late_total);
     clocks_list(r, json, kv);
@@ -196,6 +197,7 @@ static void worker_section(const omv_run_t *r, const member_t *m, uint32_t id, i
                     : -1;
     omv_kv_int(kv, "group", group);
     omv_kv_int(kv, "step", m->served ? (int64_t)m->served_step : -1);
+    omv_kv_int(kv, "batch", m->batch); /* images it was given for that step */
     omv_kv_int(kv, "steps", (int64_t)m->steps);
     omv_kv_int(kv, "images", (int64_t)m->images);
     /* Its images over its time in this job. */

@@ -44,6 +44,33 @@ START_TEST(test_train_sync)
 }
 END_TEST
 
+START_TEST(test_train_bf16)
+{
+    /* Parameters and gradients travel as bf16 (the daemon keeps fp32): the job trains as well,
+     * over a model in several shards, with nothing refused. */
+    write_job(2, 4, "groups = 1\nstaleness = none\nwire = bf16\nshards = 3");
+    check_trained("");
+    char log_path[700], log[65536];
+    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
+    FILE *f = fopen(log_path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t len = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[len] = '\0';
+    ck_assert_msg(has_text(log, "parameters and gradients travel as bf16"), "%s", log);
+    ck_assert_msg(!has_text(log, "refused"), "a refusal in the log: %s", log);
+}
+END_TEST
+
+START_TEST(test_train_uneven)
+{
+    /* Three workers share a group's batch of 32 as 11, 11 and 10 images, and the update is the
+     * mean weighted by images: the job trains as the even ones do. */
+    write_job(3, 4, "groups = 1\nstaleness = none");
+    check_trained("");
+}
+END_TEST
+
 START_TEST(test_train_cnn)
 {
     /* A model definition file travels to the workers; the daemon prints its summary. */
@@ -280,7 +307,7 @@ START_TEST(test_bad_input)
     uint32_t c0 = j->shard_offsets[1] - j->shard_offsets[0];
     omv_msg_t push = {.type = OMV_MSG_PUSH};
     /* A payload shorter than announced. */
-    push.u.push = (omv_push_t){id, 0, 0, 0, c0, 1.0f, 32, 1.0f};
+    push.u.push = (omv_push_t){id, 0, 0, 0, c0, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
     peer_send_raw(&p, "", 0, NULL, 0);
     expect_error(&p, OMV_REFUSE_MALFORMED);
     {
@@ -289,6 +316,16 @@ START_TEST(test_bad_input)
         ck_assert_int_eq(omv_wire_encode(&push, buf, sizeof(buf), &len), 0);
         peer_send_raw(&p, buf, len, grad, (c0 - 1) * sizeof(float));
         expect_error(&p, OMV_REFUSE_MALFORMED);
+        /* One that says bf16 but carries fp32's bytes, and a wire nobody knows. */
+        push.u.push.wire = OMV_WIRE_BF16;
+        ck_assert_int_eq(omv_wire_encode(&push, buf, sizeof(buf), &len), 0);
+        peer_send_raw(&p, buf, len, grad, c0 * sizeof(float));
+        expect_error(&p, OMV_REFUSE_MALFORMED);
+        push.u.push.wire = 5;
+        ck_assert_int_eq(omv_wire_encode(&push, buf, sizeof(buf), &len), 0);
+        peer_send_raw(&p, buf, len, grad, c0 * sizeof(float));
+        expect_error(&p, OMV_REFUSE_MALFORMED);
+        push.u.push.wire = OMV_WIRE_FP32;
     }
     /* A gradient of the wrong length for its shard. */
     push.u.push.count = c0 + 1;
@@ -317,7 +354,7 @@ START_TEST(test_bad_input)
     for (uint32_t s = 1; s < j->n_shards; s++) {
         uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
         grad[off] = NAN; /* every shard's gradient is poisoned */
-        push.u.push = (omv_push_t){id, 0, s, off, cnt, 1.0f, 32, 1.0f};
+        push.u.push = (omv_push_t){id, 0, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
         peer_send(&p, &push, grad + off, cnt);
         expect_error(&p, OMV_REFUSE_NOT_FINITE);
     }
@@ -330,7 +367,7 @@ START_TEST(test_bad_input)
     omv_strbuf_init(&body);
     ck_assert_int_eq(omv_control_request(sock_path, "status", &body, 2000), 0);
     const char *s = omv_strbuf_str(&body);
-    ck_assert_msg(field(s, "refused_malformed_total") == 3, "%s", s);
+    ck_assert_msg(field(s, "refused_malformed_total") == 5, "%s", s);
     ck_assert_msg(field(s, "refused_version_total") == 1, "%s", s);
     ck_assert_msg(field(s, "refused_shape_total") == 1, "%s", s);
     ck_assert_msg(field(s, "refused_unknown_worker_total") == 1, "%s", s);
@@ -431,6 +468,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_train_sync);
     tcase_add_test(tc, test_train_cnn);
+    tcase_add_test(tc, test_train_bf16);
+    tcase_add_test(tc, test_train_uneven);
     tcase_add_test(tc, test_train_groups_lockstep);
     tcase_add_test(tc, test_train_groups_unbounded);
     tcase_add_test(tc, test_broken_job_file);

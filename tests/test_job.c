@@ -311,15 +311,19 @@ START_TEST(test_cluster_rules)
     assert_refused("[model]\nlayers = 4 2\n[cluster]\nworkers = 2\ngroups = 3\n", words);
     const char *words2[] = {path, "groups", "evenly", NULL};
     assert_refused("[model]\nlayers = 4 2\n[cluster]\nworkers = 3\ngroups = 2\n", words2);
-    const char *words3[] = {path, "batch_size", NULL};
-    assert_refused("[model]\nlayers = 4 2\n[train]\nbatch_size = 3\n"
+    const char *words3[] = {path, "batch_size", "each of the 2 workers", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[train]\nbatch_size = 1\n"
                    "[cluster]\nworkers = 4\ngroups = 2\n",
                    words3);
-    /* The same numbers that split evenly load. */
+    /* The same numbers that split evenly load, and so does a batch that splits unevenly (2 and
+     * 1 images: the update weighs each member by its images). */
     write_job("[model]\nlayers = 4 2\n[train]\nbatch_size = 4\n"
               "[cluster]\nworkers = 4\ngroups = 2\n");
     omv_job_t job;
     char err[OMV_CONFIG_ERR_MAX] = "";
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    write_job("[model]\nlayers = 4 2\n[train]\nbatch_size = 3\n"
+              "[cluster]\nworkers = 4\ngroups = 2\n");
     ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
 }
 END_TEST

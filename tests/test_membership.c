@@ -43,6 +43,13 @@ START_TEST(test_join_leave_die_rejoin)
                       has_text(s, "slice_begin:1365\nslice_count:1365") &&
                       has_text(s, "slice_begin:2730\nslice_count:1366"),
                   "the 4096 images are not split in three: %s", s);
+    /* The group's batch of 32 splits as evenly as it goes: 11, 11 and 10 images a step. */
+    int elevens = 0, tens = 0;
+    for (const char *p = s; (p = strstr(p, "\nbatch:")) != NULL; p++) {
+        elevens += strncmp(p, "\nbatch:11\n", 10) == 0;
+        tens += strncmp(p, "\nbatch:10\n", 10) == 0;
+    }
+    ck_assert_msg(elevens == 2 && tens == 1, "the batch is not split 11/11/10: %s", s);
 
     /* A checkpoint on request lands on disk, where status says. */
     control("checkpoint", &body);

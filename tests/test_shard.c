@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "router.h"
+#include "bf16.h"
 #include "shard.h"
 #include "shard_thread.h"
 #include "testutil.h"
@@ -380,6 +381,159 @@ START_TEST(test_pull_copies_unthreaded)
 }
 END_TEST
 
+/* ---- bf16 on the wire ---- */
+
+enum { BF_COUNT = 1000 };
+
+static void no_release(void *data, void *hint)
+{
+    (void)data, (void)hint;
+}
+
+/* Sends a PUSH of bytes[len] for group 0 alone (its update applies at once). */
+static void push_solo(omv_shard_thread_t *t, const void *bytes, size_t len, uint32_t wire)
+{
+    omv_payload_t payload;
+    ck_assert_int_eq(omv_payload_init_shared(&payload, (void *)bytes, len, no_release, NULL), 0);
+    const omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH,
+                                 .group = 0,
+                                 .worker_id = 1,
+                                 .sgd = {0.125f, 0.5f, 0.01f},
+                                 .solo = 1,
+                                 .wire = wire};
+    const omv_peer_t peer = {.id = "w1", .len = 2};
+    ck_assert_int_eq(omv_shard_thread_send(t, &cmd, &peer, &payload), 0);
+}
+
+/* Serves a pull as wire asks; checks the Params it says and returns its payload (copied). */
+static size_t serve_one(omv_shard_thread_t *t, uint32_t wire, void *out, size_t cap)
+{
+    const omv_peer_t peer = {.id = "w1", .len = 2};
+    const omv_shard_cmd_t serve = {
+        .type = OMV_SHARD_CMD_SERVE, .step = 3, .worker_id = 1, .batch = 1, .wire = wire};
+    ck_assert_int_eq(omv_shard_thread_send(t, &serve, &peer, NULL), 0);
+    omv_shard_reply_t rep;
+    size_t len, extra_len, bytes;
+    uint8_t extra[sizeof(peer.id) + OMV_WIRE_MAX_ENVELOPE];
+    omv_payload_t p;
+    int has_payload;
+    ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(t), &rep, sizeof(rep), &len, extra,
+                                   sizeof(extra), &extra_len, &p, &has_payload, 5000),
+                     0);
+    ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_OUT);
+    ck_assert_int_eq(has_payload, 1);
+    omv_msg_t m;
+    char why[OMV_WIRE_REASON_MAX];
+    ck_assert_int_eq(omv_wire_decode(extra + rep.peer_len, extra_len - rep.peer_len, &m, why), 0);
+    ck_assert_uint_eq(m.u.params.wire, wire);
+    ck_assert_uint_eq(m.u.params.count, BF_COUNT);
+    const void *data = omv_payload_data(&p, &bytes);
+    ck_assert_uint_eq(bytes, omv_wire_payload_bytes(&m));
+    ck_assert_uint_le(bytes, cap);
+    memcpy(out, data, bytes);
+    omv_payload_close(&p);
+    return bytes;
+}
+
+START_TEST(test_bf16_push_and_serve)
+{
+    char dir[256], endpoint[300];
+    omv_test_tmpdir(dir, sizeof(dir));
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    omv_router_t *router = omv_router_new(endpoint);
+    ck_assert_ptr_nonnull(router);
+    static float a[BF_COUNT], b[BF_COUNT], grad[BF_COUNT], widened[BF_COUNT];
+    static uint16_t grad16[BF_COUNT], want16[BF_COUNT], got16[BF_COUNT];
+    static float got32[BF_COUNT];
+    for (int i = 0; i < BF_COUNT; i++) {
+        a[i] = b[i] = 0.001f * (float)(i - 500);
+        grad[i] = 1.0f / (float)(i + 3) - 0.1f;
+    }
+    omv_shard_t sa, sb;
+    ck_assert_int_eq(omv_shard_init(&sa, a, 0, BF_COUNT, 1), 0);
+    ck_assert_int_eq(omv_shard_init(&sb, b, 0, BF_COUNT, 1), 0);
+    omv_shard_thread_t *ta = omv_shard_thread_new(router, &sa, 0, 0);
+    omv_shard_thread_t *tb = omv_shard_thread_new(router, &sb, 1, 0);
+    ck_assert(ta && tb);
+    /* A bf16 gradient moves the model exactly as the fp32 gradient it stands for. */
+    omv_bf16_from_f32(grad16, grad, BF_COUNT);
+    omv_bf16_to_f32(widened, grad16, BF_COUNT);
+    push_solo(ta, grad16, sizeof(grad16), OMV_WIRE_BF16);
+    push_solo(tb, widened, sizeof(widened), OMV_WIRE_FP32);
+    ck_assert_mem_eq(a, b, sizeof(a));
+    ck_assert(a[10] != 0.001f * (float)(10 - 500)); /* it did move */
+    /* A pull in bf16 gets the fp32 model rounded, in half the bytes; one in fp32 the model. */
+    omv_bf16_from_f32(want16, a, BF_COUNT);
+    ck_assert_uint_eq(serve_one(ta, OMV_WIRE_BF16, got16, sizeof(got16)), sizeof(got16));
+    ck_assert_mem_eq(got16, want16, sizeof(got16));
+    ck_assert_uint_eq(serve_one(ta, OMV_WIRE_FP32, got32, sizeof(got32)), sizeof(got32));
+    ck_assert_mem_eq(got32, a, sizeof(got32));
+    ck_assert_uint_eq(serve_one(ta, OMV_WIRE_BF16, got16, sizeof(got16)), sizeof(got16));
+    ck_assert_mem_eq(got16, want16, sizeof(got16));
+    /* A gradient whose size fits neither is dropped, and the model stays. */
+    push_solo(ta, grad16, sizeof(grad16) - 2, OMV_WIRE_BF16);
+    ck_assert_mem_eq(a, b, sizeof(a));
+    omv_shard_thread_destroy(&ta);
+    omv_shard_thread_destroy(&tb);
+    omv_shard_fini(&sa);
+    omv_shard_fini(&sb);
+    omv_router_destroy(&router);
+    omv_test_rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_weighted_mean_of_uneven_members)
+{
+    /* 64 images over 3 members: 22, 21, 21. Each gradient counts for its images over the mean
+     * share (22 * 3 / 64 and 21 * 3 / 64), so the update is the mean weighted by images:
+     * (22 g1 + 21 g2 + 21 g3) / 64, by hand below. */
+    char dir[256], endpoint[300];
+    omv_test_tmpdir(dir, sizeof(dir));
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    omv_router_t *router = omv_router_new(endpoint);
+    ck_assert_ptr_nonnull(router);
+    enum { N = 4 };
+    static float params[N] = {0.5f, -0.25f, 1.0f, 0.0f};
+    static const float g[3][N] = {{1, 2, 3, 4}, {0.5f, -1, 7, 0}, {-0.25f, 0.125f, 0, 1}};
+    const uint32_t images[3] = {22, 21, 21};
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, params, 0, N, 1), 0);
+    omv_shard_thread_t *t = omv_shard_thread_new(router, &sh, 0, 0);
+    ck_assert_ptr_nonnull(t);
+    const omv_sgd_t sgd = {.learning_rate = 0.5f, .momentum = 0.9f, .weight_decay = 0};
+    const omv_peer_t peer = {.id = "w1", .len = 2};
+    for (int m = 0; m < 3; m++) {
+        omv_payload_t payload;
+        ck_assert_int_eq(
+            omv_payload_init_shared(&payload, (void *)g[m], sizeof(g[m]), no_release, NULL), 0);
+        const omv_shard_cmd_t push = {.type = OMV_SHARD_CMD_PUSH,
+                                      .worker_id = (uint32_t)m + 1,
+                                      .sgd = sgd,
+                                      .weight = (float)(images[m] * 3) / 64.0f};
+        ck_assert_int_eq(omv_shard_thread_send(t, &push, &peer, &payload), 0);
+    }
+    const omv_shard_cmd_t apply = {.type = OMV_SHARD_CMD_APPLY, .sgd = sgd};
+    ck_assert_int_eq(omv_shard_thread_send(t, &apply, NULL, NULL), 0);
+    /* By hand, for the first value: (22 * 1 + 21 * 0.5 + 21 * -0.25) / 64 = 27.25 / 64, so
+     * w = 0.5 - 0.5 * 27.25 / 64 = 0.287109375. */
+    ck_assert_float_eq_tol(params[0], 0.287109375f, 1e-6f);
+    for (int i = 0; i < N; i++) {
+        double mean = (22.0 * g[0][i] + 21.0 * g[1][i] + 21.0 * g[2][i]) / 64.0;
+        ck_assert_float_eq_tol(params[i],
+                               (float)((i == 0   ? 0.5
+                                        : i == 1 ? -0.25
+                                        : i == 2 ? 1.0
+                                                 : 0.0) -
+                                       0.5 * mean),
+                               1e-6f);
+    }
+    omv_shard_thread_destroy(&t);
+    omv_shard_fini(&sh);
+    omv_router_destroy(&router);
+    omv_test_rmdir(dir);
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -396,6 +550,8 @@ static Suite *shard_suite(void)
     tcase_add_test(th, test_start_stop);
     tcase_add_test(th, test_pull_copies_threaded);
     tcase_add_test(th, test_pull_copies_unthreaded);
+    tcase_add_test(th, test_bf16_push_and_serve);
+    tcase_add_test(th, test_weighted_mean_of_uneven_members);
     suite_add_tcase(s, th);
     return s;
 }

@@ -1,11 +1,13 @@
 /* The wire module: every message type survives encode/decode with all its fields, and the
  * decoder answers malformed, truncated, oversized and fuzzed bytes with -EPROTO and a reason. */
 #include <check.h>
+#include <math.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "rng.h"
+#include "bf16.h"
 #include "wire.h"
 #include "testutil.h"
 
@@ -52,8 +54,9 @@ static const omv_msg_t samples[] = {
     {.type = OMV_MSG_HELLO,
      .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16, 12, "worker@3"}},
     {.type = OMV_MSG_PULL, .u.pull = {9, BIG}},
-    {.type = OMV_MSG_PARAMS, .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000, 21}},
-    {.type = OMV_MSG_PUSH, .u.push = {5, BIG + 2, 1, 64, 32, 2.25f, 128, 12.5f}},
+    {.type = OMV_MSG_PARAMS,
+     .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000, 21, OMV_WIRE_BF16}},
+    {.type = OMV_MSG_PUSH, .u.push = {5, BIG + 2, 1, 64, 32, 2.25f, 128, 12.5f, OMV_WIRE_BF16}},
     {.type = OMV_MSG_HEARTBEAT, .u.heartbeat = {77}},
     {.type = OMV_MSG_EVAL_REQUEST, .u.eval_request = {BIG + 3, 235146}},
     {.type = OMV_MSG_EVAL_RESULT, .u.eval_result = {3, BIG + 4, 8812, 10000, 0.375f}},
@@ -153,6 +156,7 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_uint_eq(d[2].u.params.slice_begin, 30000);
     ck_assert_uint_eq(d[2].u.params.slice_count, 15000);
     ck_assert_uint_eq(d[2].u.params.batch, 21);
+    ck_assert_uint_eq(d[2].u.params.wire, OMV_WIRE_BF16);
     ck_assert_uint_eq(d[3].u.push.worker_id, 5);
     ck_assert(d[3].u.push.step == BIG + 2);
     ck_assert_uint_eq(d[3].u.push.shard, 1);
@@ -161,6 +165,7 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_float_eq(d[3].u.push.loss, 2.25f);
     ck_assert_uint_eq(d[3].u.push.samples, 128);
     ck_assert_float_eq(d[3].u.push.compute_ms, 12.5f);
+    ck_assert_uint_eq(d[3].u.push.wire, OMV_WIRE_BF16);
     ck_assert_uint_eq(d[4].u.heartbeat.worker_id, 77);
     ck_assert(d[5].u.eval_request.eval_id == BIG + 3);
     ck_assert_uint_eq(d[5].u.eval_request.count, 235146);
@@ -193,6 +198,110 @@ START_TEST(test_payload_count)
     omv_msg_t m;
     make_welcome(&m);
     ck_assert_uint_eq(omv_wire_payload_count(&m), 0);
+    /* Bytes: bf16 values take two, fp32 ones four (evaluations always travel as fp32). */
+    const size_t bytes[N_SAMPLES] = {0, 0, 1000, 64, 0, 235146 * 4, 0, 0, 0, 0, 0};
+    for (int i = 0; i < N_SAMPLES; i++)
+        ck_assert_uint_eq(omv_wire_payload_bytes(&samples[i]), bytes[i]);
+    omv_msg_t push = samples[3];
+    push.u.push.wire = OMV_WIRE_FP32;
+    ck_assert_uint_eq(omv_wire_payload_bytes(&push), 128);
+}
+END_TEST
+
+START_TEST(test_unknown_wire_refused)
+{
+    /* A wire the decoder does not know is refused with a reason, for every carrier. */
+    uint8_t buf[BUF_CAP];
+    char why[OMV_WIRE_REASON_MAX];
+    omv_msg_t d, m = samples[2];
+    m.u.params.wire = 2;
+    size_t len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+    ck_assert_msg(strstr(why, "wire 2") != NULL, "%s", why);
+    m = samples[3];
+    m.u.push.wire = 7;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+    ck_assert_msg(strstr(why, "wire 7") != NULL, "%s", why);
+    make_welcome(&m);
+    m.u.welcome.job.wire = 3;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+    ck_assert_msg(strstr(why, "wire 3") != NULL, "%s", why);
+    make_welcome(&m);
+    m.u.welcome.job.wire = OMV_WIRE_BF16;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_uint_eq(d.u.welcome.job.wire, OMV_WIRE_BF16);
+}
+END_TEST
+
+static uint16_t bf16_of_bits(uint32_t bits)
+{
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    uint16_t h;
+    omv_bf16_from_f32(&h, &f, 1);
+    return h;
+}
+
+START_TEST(test_bf16_rounding)
+{
+    /* By hand: bf16 keeps the high 16 bits; the low 16 decide, to nearest, ties to even. */
+    ck_assert_uint_eq(bf16_of_bits(0x3f800000u), 0x3f80); /* 1.0: exact */
+    ck_assert_uint_eq(bf16_of_bits(0x3f807fffu), 0x3f80); /* just below half: down */
+    ck_assert_uint_eq(bf16_of_bits(0x3f808000u), 0x3f80); /* a tie, kept bit even: down */
+    ck_assert_uint_eq(bf16_of_bits(0x3f818000u), 0x3f82); /* a tie, kept bit odd: up */
+    ck_assert_uint_eq(bf16_of_bits(0x3f808001u), 0x3f81); /* just above half: up */
+    ck_assert_uint_eq(bf16_of_bits(0xbf808001u), 0xbf81); /* negative: the same magnitude */
+    ck_assert_uint_eq(bf16_of_bits(0x3fffffffu), 0x4000); /* carry into the exponent */
+    ck_assert_uint_eq(bf16_of_bits(0x7f7fffffu), 0x7f80); /* FLT_MAX rounds to infinity */
+    ck_assert_uint_eq(bf16_of_bits(0x7f800000u), 0x7f80); /* +inf */
+    ck_assert_uint_eq(bf16_of_bits(0xff800000u), 0xff80); /* -inf */
+    ck_assert_uint_eq(bf16_of_bits(0x7f800001u), 0x7fc0); /* a NaN stays a (quiet) NaN, */
+    ck_assert_uint_eq(bf16_of_bits(0x7fffffffu), 0x7fff); /* never becomes an infinity */
+    ck_assert_uint_eq(bf16_of_bits(0x00000001u), 0x0000); /* the smallest denormal: 0 */
+    ck_assert_uint_eq(bf16_of_bits(0x80000000u), 0x8000); /* -0 keeps its sign */
+    /* 1/3 = 0x3eaaaaab: 0x3eaa, remainder 0xaaab above half: 0x3eab = 0.333984375. */
+    float third = 1.0f / 3.0f, back;
+    uint16_t h;
+    omv_bf16_from_f32(&h, &third, 1);
+    ck_assert_uint_eq(h, 0x3eab);
+    omv_bf16_to_f32(&back, &h, 1);
+    ck_assert(back == 0.333984375f);
+}
+END_TEST
+
+START_TEST(test_bf16_round_trip)
+{
+    /* Every bf16 value but NaNs widens and narrows back to itself; widening is exact, from any
+     * alignment; a float's error is at most half a unit in the last kept place. */
+    enum { N = 65536 };
+    static uint16_t all[N], again[N];
+    static unsigned char raw[2 * N + 1];
+    static float wide[N];
+    for (uint32_t i = 0; i < N; i++)
+        all[i] = (uint16_t)i;
+    memcpy(raw + 1, all, sizeof(all));
+    omv_bf16_to_f32(wide, raw + 1, N);
+    omv_bf16_from_f32(again, wide, N);
+    for (uint32_t i = 0; i < N; i++) {
+        uint32_t bits;
+        memcpy(&bits, &wide[i], sizeof(bits));
+        ck_assert_uint_eq(bits, i << 16);
+        int nan = (i & 0x7f80) == 0x7f80 && (i & 0x7f) != 0;
+        if (!nan)
+            ck_assert_uint_eq(again[i], all[i]);
+        else
+            ck_assert_uint_eq(again[i], all[i] | 0x40);
+    }
+    for (int k = 1; k < 2000; k++) {
+        float x = (float)k * 0.7310586f - 700.0f, y;
+        uint16_t h;
+        omv_bf16_from_f32(&h, &x, 1);
+        omv_bf16_to_f32(&y, &h, 1);
+        ck_assert(fabsf(y - x) <= fabsf(x) * (1.0f / 256.0f));
+    }
 }
 END_TEST
 
@@ -457,6 +566,9 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_welcome_round_trip);
     tcase_add_test(tc, test_other_messages_round_trip);
     tcase_add_test(tc, test_payload_count);
+    tcase_add_test(tc, test_unknown_wire_refused);
+    tcase_add_test(tc, test_bf16_rounding);
+    tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_encode_too_small);
     tcase_add_test(tc, test_garbage_refused);
     tcase_add_test(tc, test_prefixes_of_welcome_refused);

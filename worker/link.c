@@ -68,7 +68,7 @@ void omv_link_destroy(omv_link_t **self_p)
     *self_p = NULL;
 }
 
-int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const float *payload)
+int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const void *payload)
 {
     size_t len;
     int r = omv_wire_encode(msg, self->buf, sizeof(self->buf), &len);
@@ -77,7 +77,7 @@ int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const float *payload)
     uint32_t count = omv_wire_payload_count(msg);
     if (zmq_send(self->sock, self->buf, len, count ? ZMQ_SNDMORE : 0) < 0)
         return -errno;
-    if (count && zmq_send(self->sock, payload, (size_t)count * sizeof(float), 0) < 0)
+    if (count && zmq_send(self->sock, payload, omv_wire_payload_bytes(msg), 0) < 0)
         return -errno;
     return 0;
 }
@@ -133,9 +133,11 @@ int omv_link_recv(omv_link_t *self, omv_msg_t *ret, int timeout_ms, char *why)
     } else if (more) {
         drain(self);
     }
-    if (count && (!self->has_payload || zmq_msg_size(&self->payload) != (size_t)count * 4)) {
-        snprintf(why, OMV_WIRE_REASON_MAX, "%s announces %u floats but carries %zu bytes",
-                 omv_msg_name(ret->type), count,
+    if (count &&
+        (!self->has_payload || zmq_msg_size(&self->payload) != omv_wire_payload_bytes(ret))) {
+        snprintf(why, OMV_WIRE_REASON_MAX,
+                 "%s announces %u values (%zu bytes) but carries %zu bytes",
+                 omv_msg_name(ret->type), count, omv_wire_payload_bytes(ret),
                  self->has_payload ? zmq_msg_size(&self->payload) : 0);
         return -EPROTO;
     }

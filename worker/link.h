@@ -20,7 +20,7 @@ void omv_link_abandon(omv_link_t **self_p);
 
 /* Sends msg, followed by its payload (omv_wire_payload_count(msg) floats) when it has one.
  * Returns 0 or a negative errno. */
-int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const float *payload);
+int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const void *payload);
 
 /* Waits up to timeout_ms (-1: forever) for a message. Returns 0, -EAGAIN on timeout, -EPROTO for
  * a malformed one (reason in why[OMV_WIRE_REASON_MAX]), -EINTR when a signal came. The payload,

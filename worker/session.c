@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bf16.h"
 #include "blas.h"
 #include "dataset.h"
 #include "link.h"
@@ -36,6 +37,7 @@ typedef struct {
     uint32_t slice_begin, slice_count; /* the slice in data */
     float *params;                     /* [param_count] */
     float *grad;                       /* [param_count] */
+    uint16_t *grad16;                  /* [param_count] the gradient as bf16 travels */
     float *x;                          /* [batch][inputs] */
     uint8_t *y;                        /* [batch] */
     uint32_t *order;                   /* [data.count] this epoch's permutation */
@@ -53,7 +55,7 @@ enum {
     WAIT_LOST = 2, /* the daemon went away or no longer knows us: register again */
 };
 
-static int send_msg(session_t *s, const omv_msg_t *m, const float *payload)
+static int send_msg(session_t *s, const omv_msg_t *m, const void *payload)
 {
     int r = omv_link_send(s->link, m, payload);
     if (r < 0)
@@ -271,12 +273,14 @@ static void release_engine(session_t *s)
     free(s->y);
     free(s->x);
     free(s->grad);
+    free(s->grad16);
     free(s->params);
     s->got = NULL;
     s->order = NULL;
     s->y = NULL;
     s->x = NULL;
     s->grad = NULL;
+    s->grad16 = NULL;
     s->params = NULL;
     omv_dataset_fini(&s->data);
     omv_net_destroy(&s->net);
@@ -355,10 +359,11 @@ static int prepare(session_t *s, uint32_t batch)
         omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
+    s->grad16 = malloc(j->param_count * sizeof(uint16_t));
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
     s->got = calloc(j->n_shards, 1);
-    if (!s->net || !s->params || !s->grad || !s->x || !s->y || !s->got) {
+    if (!s->net || !s->params || !s->grad || !s->grad16 || !s->x || !s->y || !s->got) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -477,7 +482,10 @@ static int pull(session_t *s, uint64_t *step_p)
         }
         size_t len;
         const void *data = omv_link_payload(s->link, &len);
-        memcpy(s->params + p->offset, data, len);
+        if (p->wire == OMV_WIRE_BF16)
+            omv_bf16_to_f32(s->params + p->offset, data, p->count);
+        else
+            memcpy(s->params + p->offset, data, len);
         s->got[p->shard] = 1;
         s->group = p->group;
         if (p->slice_count > 0) {
@@ -524,6 +532,26 @@ static void slow_down(session_t *s)
         ;
 }
 
+/* Pushes the gradient of step, shard by shard, as the job's wire asks. */
+static int push(session_t *s, uint64_t step, float loss, float ms)
+{
+    const omv_jobspec_t *j = &s->job;
+    omv_msg_t m = {.type = OMV_MSG_PUSH};
+    for (uint32_t sh = 0; sh < j->n_shards; sh++) {
+        uint32_t off = j->shard_offsets[sh], count = j->shard_offsets[sh + 1] - off;
+        m.u.push = (omv_push_t){s->worker_id, step, sh, off, count, loss, s->batch, ms, j->wire};
+        const void *values = s->grad + off;
+        if (j->wire == OMV_WIRE_BF16) {
+            omv_bf16_from_f32(s->grad16 + off, s->grad + off, count);
+            values = s->grad16 + off;
+        }
+        int r = send_msg(s, &m, values);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
 static int train(session_t *s)
 {
     const omv_jobspec_t *j = &s->job;
@@ -553,15 +581,9 @@ static int train(session_t *s)
         if (s->cfg->delay_max_ms > 0)
             slow_down(s);
         float ms = (float)((omv_time_s() - t0) * 1000.0);
-        omv_msg_t m = {.type = OMV_MSG_PUSH};
-        for (uint32_t sh = 0; sh < j->n_shards; sh++) {
-            uint32_t off = j->shard_offsets[sh];
-            m.u.push = (omv_push_t){s->worker_id, step,     sh, off, j->shard_offsets[sh + 1] - off,
-                                    loss,         s->batch, ms};
-            r = send_msg(s, &m, s->grad + off);
-            if (r < 0)
-                return r;
-        }
+        r = push(s, step, loss, ms);
+        if (r < 0)
+            return r;
     }
 }
 

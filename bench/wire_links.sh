@@ -1,0 +1,104 @@
+#!/bin/sh
+# fp32 against bf16 on the wire, over real links: a head and two worker hosts in network
+# namespaces joined by a bridge, each worker host's veth shaped by tc tbf (both ends), the
+# Fashion-MNIST MLP with 64 images per worker in one synchronous group. For each link rate and
+# wire, the median of RUNS runs: images/s and the final test accuracy. Needs root (skips
+# otherwise). Usage: bench/wire_links.sh [BUILD_DIR]   (RUNS, RATES, LIMIT, EPOCHS from the
+# environment)
+set -eu
+build=${1:-build}
+RUNS=${RUNS:-3} RATES=${RATES:-"unshaped 1gbit 200mbit"} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2}
+daemon=$build/server/omnivored worker=$build/worker/omnivore-worker ctl=$build/server/omnivorectl
+data=/usr/share/datasets/fashion-mnist
+[ "$(id -u)" -eq 0 ] || { echo "skipped: needs root for network namespaces"; exit 0; }
+[ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "skipped: no $data"; exit 0; }
+ns_head=omvb$$-head ns_w1=omvb$$-w1 ns_w2=omvb$$-w2
+tmp=$(mktemp -d)
+pids=""
+stop_all() {
+    for p in $pids; do kill "$p" 2>/dev/null || true; done
+    for p in $pids; do wait "$p" 2>/dev/null || true; done
+    pids=""
+}
+cleanup() {
+    stop_all
+    for ns in $ns_head $ns_w1 $ns_w2; do ip netns del "$ns" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+for ns in $ns_head $ns_w1 $ns_w2; do ip netns add "$ns"; done
+ip -n "$ns_head" link add br0 type bridge
+ip -n "$ns_head" addr add 10.78.0.1/24 dev br0
+ip -n "$ns_head" link set br0 up
+ip -n "$ns_head" link set lo up
+i=1
+for ns in $ns_w1 $ns_w2; do
+    ip link add "omvb$$h$i" netns "$ns_head" type veth peer name eth0 netns "$ns"
+    ip -n "$ns_head" link set "omvb$$h$i" master br0 up
+    ip -n "$ns" addr add "10.78.0.$((i + 1))/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    i=$((i + 1))
+done
+shape() { # shape RATE: tbf on both ends of each worker host's link
+    for i in 1 2; do
+        ns=$(eval echo "\$ns_w$i")
+        for end in "-n $ns eth0" "-n $ns_head omvb$$h$i"; do
+            # shellcheck disable=SC2086
+            set -- $end
+            tc "$1" "$2" qdisc del dev "$3" root 2>/dev/null || true
+            # A bucket of about 1 ms at the rate: a larger one lets a bursty sender (pull, then
+            # compute, then push) pass much of each burst at line rate and flatters it.
+            case $RATE in
+            1gbit) burst=128kb ;;
+            200mbit) burst=32kb ;;
+            *) burst=64kb ;;
+            esac
+            [ "$RATE" = unshaped ] ||
+                tc "$1" "$2" qdisc add dev "$3" root tbf rate "$RATE" burst $burst latency 50ms
+        done
+    done
+}
+on() { ns=$1 log=$2; shift 2; ip netns exec "$ns" "$@" >"$log" 2>&1 & pids="$pids $!"; }
+val() { sed -n "s/^$1://p" "$tmp/status" | head -1; }
+one_run() { # one_run WIRE: prints "images_per_second test_accuracy"
+    sock=$tmp/c.sock
+    rm -rf "$tmp/state" && mkdir "$tmp/state"
+    on "$ns_head" "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
+        --endpoint tcp://10.78.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
+        --log-level warn --set cluster.wire="$1" --set train.batch_size=128 \
+        --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" --set eval.every_epochs=0
+    n=0
+    until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
+        n=$((n + 1)); [ $n -lt 100 ] || { echo "omnivored did not start" >&2; exit 1; }; sleep 0.1
+    done
+    on "$ns_w1" "$tmp/w1.log" "$worker" --server tcp://10.78.0.1:5555
+    on "$ns_w2" "$tmp/w2.log" "$worker" --server tcp://10.78.0.1:5555
+    on "$ns_w2" "$tmp/ev.log" "$worker" --server tcp://10.78.0.1:5555 --role evaluator
+    n=0
+    while "$ctl" --socket "$sock" status >"$tmp/status" 2>/dev/null; do
+        [ "$(val state)" = done ] && break
+        n=$((n + 1)); [ $n -lt 1200 ] || { echo "run did not end" >&2; exit 1; }; sleep 0.25
+    done
+    echo "$(val images_per_second) $(val test_accuracy)"
+    "$ctl" --socket "$sock" shutdown >/dev/null 2>&1 || true
+    stop_all
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+echo "# $RUNS runs each, interleaved; MLP, 2 workers x 64 images, $LIMIT images x $EPOCHS epochs"
+printf '%-10s %-6s %12s %10s\n' link wire images/s accuracy
+json="{"
+for RATE in $RATES; do
+    shape
+    : >"$tmp/fp32" && : >"$tmp/bf16"
+    for r in $(seq "$RUNS"); do
+        for w in fp32 bf16; do one_run $w >>"$tmp/$w"; done
+    done
+    for w in fp32 bf16; do
+        ips=$(cut -d' ' -f1 "$tmp/$w" | median) acc=$(cut -d' ' -f2 "$tmp/$w" | median)
+        printf '%-10s %-6s %12s %10s\n' "$RATE" "$w" "$ips" "$acc"
+        json="$json\"${RATE}_$w\":{\"images_per_second\":$ips,\"test_accuracy\":$acc},"
+    done
+done
+echo "${json%,}}"

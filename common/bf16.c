@@ -1,0 +1,33 @@
+/* bfloat16 conversions. */
+#include "bf16.h"
+
+#include <string.h>
+
+static inline uint16_t round_one(uint32_t u)
+{
+    /* Round to nearest even by adding 0x7fff plus the lowest kept bit; a NaN keeps its high
+     * bits with the quiet bit set, so that rounding cannot turn it into an infinity. */
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+void omv_bf16_from_f32(uint16_t *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &src[i], sizeof(u));
+        dst[i] = round_one(u);
+    }
+}
+
+void omv_bf16_to_f32(float *dst, const void *src, size_t n)
+{
+    const unsigned char *s = src;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, sizeof(h));
+        uint32_t u = (uint32_t)h << 16;
+        memcpy(&dst[i], &u, sizeof(u));
+    }
+}
