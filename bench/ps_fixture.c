@@ -270,7 +270,7 @@ int bench_write_job(const char *path, const bench_job_t *job)
             "[model]\nlayers = %u %u\n"
             "[data]\ntrain_images = %s\ntrain_labels = %s\ntest_images = %s\ntest_labels = %s\n"
             "[train]\nbatch_size = 1\nlearning_rate = 0.01\nmomentum = 0.9\nweight_decay = 0\n"
-            "[cluster]\nworkers = %d\ngroups = %d\nstaleness = none\nshards = %d\n"
+            "[cluster]\nworkers = %d\ngroups = %d\nstaleness = none\nshards = %d\nwire = fp32\n"
             "worker_timeout_s = 3600\n"
             "[eval]\nevery_epochs = 0\nprogress_interval_s = 3600\n"
             "[checkpoint]\nevery_s = 0\nresume = no\n",

@@ -62,9 +62,13 @@ const omv_config_entry_t omv_job_table[] = {
     {"cluster", "staleness", INT(staleness), "none", 0, 1e6, OMV_CONFIG_NONE_IS_NEG,
      "bound s across groups (0: lock-step; none or -1: no bound)"},
     {"cluster", "shards", INT(shards), "2", 1, 256, 0, "parameter shards on the daemon"},
-    {"cluster", "wire", STR(wire_name), "fp32", 0, 0, 0,
-     "how parameters and gradients travel: fp32, or bf16 (half the bytes; the daemon keeps and "
-     "updates fp32)"},
+    {"cluster", "split", STR(split_name), "even", 0, 0, 0,
+     "how a group's batch is shared among its members: even (as evenly as it goes), or speed "
+     "(in proportion to each member's measured images/s, so a slower one does not hold its "
+     "group back)"},
+    {"cluster", "wire", STR(wire_name), "bf16", 0, 0, 0,
+     "how parameters and gradients travel: bf16 (half the bytes, rounded to nearest even; the "
+     "daemon keeps and updates fp32) or fp32 (exact)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead"},
     {"cluster", "start_timeout_s", DBL(start_timeout_s), "60", 0.1, 86400, 0,
@@ -275,6 +279,12 @@ static int validate_model(omv_job_t *job, const char *path, int layers_line, cha
         r = -EINVAL;
     }
     job->wire = strcmp(job->wire_name, "bf16") == 0 ? OMV_WIRE_BF16 : OMV_WIRE_FP32;
+    if (r == 0 && strcmp(job->split_name, "even") != 0 && strcmp(job->split_name, "speed") != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] split: '%s' is not even or speed", path,
+                 job->split_name);
+        r = -EINVAL;
+    }
+    job->split_by_speed = strcmp(job->split_name, "speed") == 0;
     if (r == 0 && strcmp(job->data_format, "idx") != 0 &&
         strcmp(job->data_format, "cifar10") != 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data] format: '%s' is not idx or cifar10", path,

@@ -38,6 +38,8 @@ typedef struct {
     char data_format[16]; /* idx or cifar10 */
     char wire_name[8];    /* [cluster] wire: fp32 or bf16 */
     int wire;             /* OMV_WIRE_* (wire.h), from wire_name once validated */
+    char split_name[8];   /* [cluster] split: even or speed */
+    int split_by_speed;   /* from split_name once validated */
     double scale;         /* pixel byte * scale, then per channel - mean, / std */
     char mean_text[256], std_text[256];
     float mean[16], std[16]; /* parsed: 0, 1 or as many as the model's input channels */

@@ -34,6 +34,8 @@ typedef struct {
     int parked;                        /* a pull is waiting */
     uint64_t parked_step;
     uint32_t batch;       /* images it was given for the step it was last sent */
+    uint32_t planned;     /* [cluster] split = speed: its share of its group's batch */
+    double ms_per_image;  /* its compute time per image, averaged over recent steps */
     int served;           /* it was sent parameters at least once */
     uint64_t served_step; /* the step it was last sent parameters for */
 } member_t;

@@ -370,10 +370,90 @@ static int try_reconfig(omv_run_t *r)
 
 /* ---- pulls ---- */
 
-/* The group's batch is the job's, whoever is in it: its live members share it as evenly as it
- * goes, the first in order of id taking one more (64 over 3: 22, 21, 21). */
-static uint32_t member_batch(const omv_run_t *r, const member_t *m, uint32_t group)
+/* The most members of one group that split = speed plans for; a larger group splits evenly. */
+#define PLAN_MAX_MEMBERS 256
+
+/* Shares of b among n members of speeds s[] (images/s): in proportion, at least one each,
+ * rounded by largest remainder so that they add up to b. */
+static void proportional(const double *s, uint32_t n, uint32_t b, uint32_t *ret)
 {
+    double total = 0, want[PLAN_MAX_MEMBERS];
+    for (uint32_t i = 0; i < n; i++)
+        total += s[i];
+    uint32_t given = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        want[i] = (double)b * s[i] / total;
+        ret[i] = want[i] < 1.0 ? 1u : (uint32_t)want[i];
+        given += ret[i];
+    }
+    while (given != b) {
+        /* One image at a time to (from) the member furthest below (above) its share. */
+        uint32_t best = 0;
+        double best_gap = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            double gap = given < b ? want[i] - ret[i] : ret[i] - want[i];
+            if ((given < b || ret[i] > 1) && (best_gap == 0 || gap > best_gap)) {
+                best = i;
+                best_gap = gap == 0 ? 1e-300 : gap;
+            }
+        }
+        if (given < b) {
+            ret[best]++, given++;
+        } else {
+            ret[best]--, given--;
+        }
+    }
+}
+
+/* [cluster] split = speed: shares the group's batch among its live members in proportion to
+ * their measured images/s, once per step. A plan that moves no member by more than an image or
+ * 5% stays, so workers do not re-seek their data every step for noise. Members without a
+ * measure yet, or a group whose members are changing, get the even split. */
+static void plan_group(omv_run_t *r, uint32_t group, uint64_t step)
+{
+    r->group_planned[group] = step + 1;
+    member_t *in[PLAN_MAX_MEMBERS];
+    double speed[PLAN_MAX_MEMBERS];
+    uint32_t n = 0, old_total = 0, share[PLAN_MAX_MEMBERS];
+    for (uint32_t i = 0; i < r->env.members->n && n < PLAN_MAX_MEMBERS; i++) {
+        member_t *o = &r->env.members->records[i];
+        if (o->state == MEMBER_ALIVE && o->role == OMV_ROLE_TRAINER &&
+            omv_groups_of(r->groups, o->slot) == (int)group) {
+            speed[n] = o->ms_per_image > 0 ? 1.0 / o->ms_per_image : 0;
+            old_total += o->planned;
+            in[n++] = o;
+        }
+    }
+    int measured = n == omv_groups_live(r->groups, group) && n > 0;
+    for (uint32_t i = 0; i < n; i++)
+        measured &= speed[i] > 0;
+    uint32_t b = (uint32_t)r->job.batch_size;
+    if (!measured || b < n) {
+        for (uint32_t i = 0; i < n; i++)
+            in[i]->planned = 0; /* the even split */
+        return;
+    }
+    proportional(speed, n, b, share);
+    int moved = old_total != b;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t old = in[i]->planned, d = share[i] > old ? share[i] - old : old - share[i];
+        moved |= d > 1 && d * 20 > old;
+    }
+    for (uint32_t i = 0; i < n && moved; i++)
+        in[i]->planned = share[i];
+}
+
+/* The group's batch is the job's, whoever is in it: its live members share it as evenly as it
+ * goes, the first in order of id taking one more (64 over 3: 22, 21, 21); or, with split =
+ * speed, as plan_group says. */
+static uint32_t member_batch(omv_run_t *r, member_t *m, uint32_t group, uint64_t step)
+{
+    if (r->job.split_by_speed) {
+        if (r->group_planned[group] != step + 1)
+            plan_group(r, group, step);
+        if (m->planned > 0)
+            return m->planned;
+    }
     uint32_t live = omv_groups_live(r->groups, group), rank = 0;
     if (live == 0)
         live = 1;
@@ -410,7 +490,7 @@ static void send_params(omv_run_t *r, member_t *m, uint64_t step)
     }
     m->served = 1;
     m->served_step = step;
-    uint32_t batch = member_batch(r, m, group);
+    uint32_t batch = member_batch(r, m, group, step);
     m->batch = batch;
     /* Each shard's executor answers with a snapshot of its part, sent without a copy; commands
      * to a shard run in order, so every update applied so far is in it. */
@@ -508,6 +588,10 @@ static void count_step(omv_run_t *r, member_t *m, uint32_t group, const omv_push
 {
     m->steps++;
     m->last_compute_ms = p->compute_ms;
+    if (p->samples > 0 && p->compute_ms > 0 && isfinite(p->compute_ms)) {
+        double x = (double)p->compute_ms / p->samples;
+        m->ms_per_image = m->ms_per_image > 0 ? 0.8 * m->ms_per_image + 0.2 * x : x;
+    }
     if (!isfinite(p->loss))
         return;
     m->images += p->samples;
@@ -944,7 +1028,8 @@ static int setup_model(omv_run_t *r)
     r->group_images = calloc(r->max_groups, sizeof(uint64_t));
     r->group_loss_sum = calloc(r->max_groups, sizeof(double));
     r->group_loss_n = calloc(r->max_groups, sizeof(uint32_t));
-    if (!r->group_images || !r->group_loss_sum || !r->group_loss_n)
+    r->group_planned = calloc(r->max_groups, sizeof(uint64_t));
+    if (!r->group_images || !r->group_loss_sum || !r->group_loss_n || !r->group_planned)
         return -ENOMEM;
     r->shards = omv_shardset_new(r->env.router, r->env.refusals, &r->layout, (uint32_t)j->shards,
                                  r->max_groups, (uint64_t)j->seed);
@@ -1022,6 +1107,7 @@ void omv_run_destroy(omv_run_t **self_p)
     free(r->group_images);
     free(r->group_loss_sum);
     free(r->group_loss_n);
+    free(r->group_planned);
     free(r->text);
     free(r);
     *self_p = NULL;

@@ -76,7 +76,8 @@ typedef struct {
     uint64_t *group_images; /* [max_groups] images of the group's current step */
     double *group_loss_sum; /* [max_groups] losses of the group's current step */
     uint32_t *group_loss_n;
-    double loss_sum; /* since the last progress line */
+    uint64_t *group_planned; /* [max_groups] split = speed: 1 + the step its shares are for */
+    double loss_sum;         /* since the last progress line */
     uint64_t loss_n;
     double last_loss;
     double last_line_s;

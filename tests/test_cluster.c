@@ -274,7 +274,8 @@ static void pull_model(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_
 
 START_TEST(test_bad_input)
 {
-    write_job(1, 2, "groups = 1\nshards = 3");
+    /* fp32 on the wire: this peer reads the parameters as floats. */
+    write_job(1, 2, "groups = 1\nshards = 3\nwire = fp32");
     pid_t d = start_daemon();
     peer_t p;
     peer_open(&p);

@@ -247,6 +247,48 @@ END_TEST
 /* Regrouping a live run, by hand through omnivorectl: 1 -> 2 -> 4 -> 1 groups of 4 workers.
  * Every group step applies each shard exactly once and every gradient is summed exactly once:
  * the shard threads' own counts agree with the groups' bookkeeping. */
+/* The batch of the worker whose pid is pid, from a `workers` reply (-1: not there). */
+static int batch_of(const char *workers, pid_t pid)
+{
+    for (const char *p = workers; (p = strstr(p, "# worker ")) != NULL; p++) {
+        char v[32];
+        if (text_field(p, "pid", v, sizeof(v)) == 0 && atoi(v) == (int)pid &&
+            text_field(p, "batch", v, sizeof(v)) == 0)
+            return atoi(v);
+    }
+    return -1;
+}
+
+START_TEST(test_split_by_speed)
+{
+    /* split = speed: a worker ten times slower (12 ms a step against 1) gets a small share of
+     * the group's 32 images, the fast one the rest, so the group's step takes less than the
+     * slow one alone would need for half; the even split gives each 16. */
+    write_job(2, 400, "groups = 1\nsplit = speed");
+    pid_t d = start_daemon();
+    pid_t fast = start_worker_slow("trainer", "1");
+    pid_t slow = start_worker_slow("trainer", "12");
+    pid_t ev = start_worker("evaluator");
+    wait_status("step", 40, 60000);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int b_fast = 0, b_slow = 0;
+    for (int tries = 0; tries < 100; tries++) { /* the estimates settle over a few steps */
+        control("workers", &body);
+        b_fast = batch_of(omv_strbuf_str(&body), fast);
+        b_slow = batch_of(omv_strbuf_str(&body), slow);
+        if (b_slow > 0 && b_slow <= 8)
+            break;
+        sleep_ms(100);
+    }
+    ck_assert_msg(b_fast + b_slow == 32 && b_slow >= 1 && b_slow <= 8, "fast %d, slow %d: %s",
+                  b_fast, b_slow, omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    shutdown_daemon(d);
+    stop_workers((pid_t[]){fast, slow, ev}, 3);
+}
+END_TEST
+
 START_TEST(test_regroup_live)
 {
     write_job(4, 40, "groups = 1\nshards = 3");
@@ -402,6 +444,7 @@ int main(void)
     tcase_add_test(tc, test_daemon_killed_and_restarted);
     tcase_add_test(tc, test_daemon_sigterm_mid_job);
     tcase_add_test(tc, test_regroup_live);
+    tcase_add_test(tc, test_split_by_speed);
     tcase_add_test(tc, test_example_survives_a_killed_worker);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
