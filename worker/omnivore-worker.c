@@ -37,6 +37,8 @@ static void usage(FILE *out)
             "                          systemd unit passes its instance, e.g. worker@3)\n"
             "      --step-delay-ms MIN[-MAX]  add a random MIN..MAX ms to every step, to emulate\n"
             "                          a slower device in experiments and tests (default 0)\n"
+            "      --slowdown X        take X times the compute time of every step (X >= 1),\n"
+            "                          as a device X times slower would (default 1)\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
@@ -129,6 +131,13 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
         return -1;
     case 'D':
         return parse_step_delay(arg, cfg);
+    case 'X':
+        cfg->slowdown = atof(arg);
+        if (!(cfg->slowdown >= 1.0 && cfg->slowdown <= 1000.0)) {
+            fprintf(stderr, "omnivore-worker: --slowdown: '%s' is not in [1, 1000]\n", arg);
+            return 2;
+        }
+        return -1;
     case 'l':
         if (omv_log_set_level_name(arg) < 0) {
             fprintf(stderr,
@@ -162,6 +171,7 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
         {"server-timeout", required_argument, NULL, 'T'},
         {"retry", required_argument, NULL, 'R'},
         {"step-delay-ms", required_argument, NULL, 'D'},
+        {"slowdown", required_argument, NULL, 'X'},
         {"name", required_argument, NULL, 'n'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},

@@ -522,6 +522,14 @@ static int pull(session_t *s, uint64_t *step_p)
     return 0;
 }
 
+/* Sleeps seconds (unless a signal asks to stop). */
+static void sleep_s(double seconds, volatile sig_atomic_t *stop)
+{
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && !*stop)
+        ;
+}
+
 /* Sleeps a random time in [delay_min_ms, delay_max_ms], as a slower device would compute. */
 static void slow_down(session_t *s)
 {
@@ -578,6 +586,8 @@ static int train(session_t *s)
         next_batch(s, s->batch);
         double t0 = omv_time_s();
         float loss = omv_net_train_step(s->net, s->params, s->x, s->y, s->batch, s->grad);
+        if (s->cfg->slowdown > 1.0)
+            sleep_s((s->cfg->slowdown - 1.0) * (omv_time_s() - t0), s->stop);
         if (s->cfg->delay_max_ms > 0)
             slow_down(s);
         float ms = (float)((omv_time_s() - t0) * 1000.0);

@@ -17,6 +17,8 @@ typedef struct {
     int retry_ms;                   /* how long to keep trying to reach it again (0: forever) */
     int delay_min_ms, delay_max_ms; /* extra time per step, uniform in [min, max]: emulates a
                                      * slower device (experiments and tests); 0: none */
+    double slowdown; /* >= 1: each step takes this many times its compute time, as a device
+                      * that much slower would (experiments and tests); 0 or 1: none */
 } omv_session_config_t;
 
 /* Runs the session to its end. When the daemon goes away (it restarts, or it declared us dead),
