@@ -11,3 +11,5 @@
 void omv_bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 /* dst[n] = src[n] widened to float (exact). src may be unaligned. */
 void omv_bf16_to_f32(float *dst, const void *src, size_t n);
+/* Whether none of src[n] (bf16, any alignment) is NaN or infinite. */
+int omv_bf16_all_finite(const void *src, size_t n);

@@ -69,6 +69,51 @@ HOT static void sgd_step_one(float *restrict w, float *restrict v, const float *
     }
 }
 
+static inline float widen(const unsigned char *p, size_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + 2 * i, sizeof(h));
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+HOT static void add_into_bf16(float *restrict sum, const unsigned char *restrict grad, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        sum[i] += widen(grad, i);
+}
+
+HOT static void sgd_step_one_bf16(float *restrict w, float *restrict v,
+                                  const unsigned char *restrict grad, size_t n, float lr, float mu,
+                                  float wd)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = widen(grad, i) + wd * w[i];
+        float vi = mu * v[i] + g;
+        v[i] = vi;
+        w[i] -= lr * vi;
+    }
+}
+
+void omv_shard_apply_one_bf16(omv_shard_t *self, const void *grad16, const omv_sgd_t *sgd)
+{
+    sgd_step_one_bf16(self->params, self->velocity, grad16, self->count, sgd->learning_rate,
+                      sgd->momentum, sgd->weight_decay);
+}
+
+int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16)
+{
+    if (self->pending[group] == NULL) {
+        self->pending[group] = calloc(self->count ? self->count : 1, sizeof(float));
+        if (self->pending[group] == NULL)
+            return -ENOMEM;
+    }
+    add_into_bf16(self->pending[group], grad16, self->count);
+    return 0;
+}
+
 void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd)
 {
     sgd_step_one(self->params, self->velocity, grad, self->count, sgd->learning_rate, sgd->momentum,

@@ -29,6 +29,9 @@ void omv_shard_fini(omv_shard_t *self);
 /* Adds grad[count] to the group's pending sum. Returns 0, or -ENOMEM when the group's sum
  * could not be made (the gradient is then not added). */
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
+/* The same for a gradient of bf16 values (any alignment), widened as it is added: exactly what
+ * adding its fp32 widening would do, in one pass. */
+int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16);
 
 /* Applies the group's pending sum as one update with the mean over `contributors` gradients
  * (none: the model is left as it is), then clears the sum:
@@ -39,6 +42,8 @@ void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
 /* Applies grad[count] at once, as the group's only gradient of the step (a group of one member:
  * no sum to keep). The same update as accumulate + apply with one contributor. */
 void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd);
+/* The same for a gradient of bf16 values (any alignment). */
+void omv_shard_apply_one_bf16(omv_shard_t *self, const void *grad16, const omv_sgd_t *sgd);
 
 /* Discards the group's pending sum (its members are gone). */
 void omv_shard_discard(omv_shard_t *self, uint32_t group);

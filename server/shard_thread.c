@@ -123,6 +123,58 @@ static void reply(omv_shard_thread_t *self, uint32_t type, const omv_shard_cmd_t
         omv_log_error("shard %u cannot reply: %s", self->index, omv_strerror(r));
 }
 
+/* Adds a checked gradient to its group's sum, or applies it at once for a group of one: grad
+ * (fp32), or g16 (bf16, widened as it goes: exactly what its fp32 widening would do). */
+static void add_gradient(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const float *grad,
+                         const void *g16)
+{
+    omv_shard_t *sh = self->shard;
+    if (cmd->solo) {
+        /* A group of one: the update straight from the gradient, one pass fewer. */
+        if (g16)
+            omv_shard_apply_one_bf16(sh, g16, &cmd->sgd);
+        else
+            omv_shard_apply_one(sh, grad, &cmd->sgd);
+        self->done[cmd->group] = 1;
+        self->version++;
+        atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
+        return;
+    }
+    int r = g16 ? omv_shard_accumulate_bf16(sh, cmd->group, g16)
+                : omv_shard_accumulate(sh, cmd->group, grad);
+    if (r == 0) {
+        self->counted[cmd->group]++;
+        atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
+    } else {
+        omv_log_error("shard %u: no memory for group %u's sum; a gradient is dropped", self->index,
+                      cmd->group);
+    }
+}
+
+/* The gradient as fp32 in scratch (or in place when it already is one, aligned), weighted when
+ * its member computed more or fewer images than the group's mean share. */
+static const float *as_weighted_f32(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd,
+                                    const void *data, size_t len)
+{
+    omv_shard_t *sh = self->shard;
+    const float *grad = data;
+    if (cmd->wire == OMV_WIRE_BF16) {
+        omv_bf16_to_f32(self->scratch, data, sh->count);
+        grad = self->scratch;
+    } else if (((uintptr_t)data & (sizeof(float) - 1)) != 0) {
+        memcpy(self->scratch, data, len);
+        grad = self->scratch;
+    }
+    if (cmd->weight != 0.0f && cmd->weight != 1.0f) {
+        if (grad != self->scratch)
+            memcpy(self->scratch, grad, len);
+        for (uint32_t i = 0; i < sh->count; i++)
+            self->scratch[i] *= cmd->weight;
+        grad = self->scratch;
+    }
+    return grad;
+}
+
 static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                     size_t peer_len, omv_payload_t *payload)
 {
@@ -136,39 +188,15 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
         omv_payload_close(payload);
         return;
     }
-    const float *grad = data;
-    if (cmd->wire == OMV_WIRE_BF16) {
-        /* Widened exactly: the sum and the update are fp32 as with an fp32 gradient. */
-        omv_bf16_to_f32(self->scratch, data, sh->count);
-        grad = self->scratch;
-    } else if (((uintptr_t)data & (sizeof(float) - 1)) != 0) {
-        memcpy(self->scratch, data, len);
-        grad = self->scratch;
-    }
-    if (cmd->weight != 0.0f && cmd->weight != 1.0f) {
-        /* A member that computed more images than the group's mean share counts for more. */
-        if (grad != self->scratch)
-            memcpy(self->scratch, grad, len);
-        for (uint32_t i = 0; i < sh->count; i++)
-            self->scratch[i] *= cmd->weight;
-        grad = self->scratch;
-    }
-    if (omv_all_finite(grad, sh->count)) {
-        if (cmd->solo) {
-            /* A group of one: the update straight from the gradient, one pass fewer. */
-            omv_shard_apply_one(sh, grad, &cmd->sgd);
-            self->done[cmd->group] = 1;
-            self->version++;
-            atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
-        } else if (omv_shard_accumulate(sh, cmd->group, grad) == 0) {
-            self->counted[cmd->group]++;
-            atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
-        } else
-            omv_log_error("shard %u: no memory for group %u's sum; a gradient is dropped",
-                          self->index, cmd->group);
-    } else {
+    /* A bf16 gradient of an even split is checked and added straight from its bytes; the rest
+     * become fp32 first. */
+    int direct = cmd->wire == OMV_WIRE_BF16 && (cmd->weight == 0.0f || cmd->weight == 1.0f);
+    const float *grad = direct ? NULL : as_weighted_f32(self, cmd, data, len);
+    int finite = direct ? omv_bf16_all_finite(data, sh->count) : omv_all_finite(grad, sh->count);
+    if (finite)
+        add_gradient(self, cmd, grad, direct ? data : NULL);
+    else
         reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
-    }
     omv_payload_close(payload);
 }
 

@@ -473,6 +473,24 @@ START_TEST(test_bf16_push_and_serve)
     /* A gradient whose size fits neither is dropped, and the model stays. */
     push_solo(ta, grad16, sizeof(grad16) - 2, OMV_WIRE_BF16);
     ck_assert_mem_eq(a, b, sizeof(a));
+    /* A bf16 gradient with an infinity (or a NaN) is refused and changes nothing. */
+    static uint16_t bad16[BF_COUNT];
+    memcpy(bad16, grad16, sizeof(bad16));
+    bad16[BF_COUNT - 1] = 0xff80; /* -inf */
+    push_solo(ta, bad16, sizeof(bad16), OMV_WIRE_BF16);
+    ck_assert_mem_eq(a, b, sizeof(a));
+    {
+        omv_shard_reply_t rep;
+        size_t len, extra_len;
+        uint8_t extra[64];
+        omv_payload_t p;
+        int has_payload;
+        ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(ta), &rep, sizeof(rep), &len, extra,
+                                       sizeof(extra), &extra_len, &p, &has_payload, 5000),
+                         0);
+        ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_NOT_FINITE);
+        ck_assert_int_eq(has_payload, 0);
+    }
     omv_shard_thread_destroy(&ta);
     omv_shard_thread_destroy(&tb);
     omv_shard_fini(&sa);

@@ -295,6 +295,15 @@ START_TEST(test_bf16_round_trip)
         else
             ck_assert_uint_eq(again[i], all[i] | 0x40);
     }
+    /* Finite exactly when the exponent is not all ones, whatever the alignment. */
+    for (uint32_t i = 0; i < N; i++) {
+        uint16_t one[2] = {0x3f80, (uint16_t)i};
+        int finite = (i & 0x7f80) != 0x7f80;
+        ck_assert_int_eq(omv_bf16_all_finite(&one[1], 1), finite);
+        ck_assert_int_eq(omv_bf16_all_finite(one, 2), finite);
+    }
+    ck_assert_int_eq(omv_bf16_all_finite(raw + 1, 0x7f80), 1); /* below the infinities */
+    ck_assert_int_eq(omv_bf16_all_finite(raw + 1, 0x7f81), 0);
     for (int k = 1; k < 2000; k++) {
         float x = (float)k * 0.7310586f - 700.0f, y;
         uint16_t h;
