@@ -228,17 +228,25 @@ END_TEST
 /* The thread keeps this many snapshots in flight before it answers a pull with a copy. */
 enum { SNAPSHOTS = 16, PULLS = SNAPSHOTS + 4, PULL_COUNT = 1000 };
 
+/* A router on an ipc endpoint in a new temporary folder (dir[cap]; omv_test_rmdir it). */
+static omv_router_t *tmp_router(char *dir, size_t cap)
+{
+    char endpoint[300];
+    omv_test_tmpdir(dir, cap);
+    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
+    omv_router_t *router = omv_router_new(endpoint);
+    ck_assert_ptr_nonnull(router);
+    return router;
+}
+
 /* Pulls of PULLS distinct versions (a RESTORE before each), none of whose answers is closed until
  * the last has come: the first SNAPSHOTS are answered from snapshots, the rest with copies of
  * their own. Every answer must carry its own version's parameters, and closing the answers must
  * free every copy, leaving nothing in flight. */
 static void pull_past_snapshots(int threaded)
 {
-    char dir[256], endpoint[300];
-    omv_test_tmpdir(dir, sizeof(dir));
-    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
-    omv_router_t *router = omv_router_new(endpoint);
-    ck_assert_ptr_nonnull(router);
+    char dir[256];
+    omv_router_t *router = tmp_router(dir, sizeof(dir));
     static float params[PULL_COUNT], src[PULLS][PULL_COUNT];
     omv_shard_t sh;
     ck_assert_int_eq(omv_shard_init(&sh, params, 0, PULL_COUNT, 1), 0);
@@ -338,11 +346,8 @@ START_TEST(test_start_stop)
 {
     /* Each start returns with the thread in its loop and its ready signal taken off the pipe,
      * and each stop right after it (QUIT as the first command) joins the thread. */
-    char dir[256], endpoint[300];
-    omv_test_tmpdir(dir, sizeof(dir));
-    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
-    omv_router_t *router = omv_router_new(endpoint);
-    ck_assert_ptr_nonnull(router);
+    char dir[256];
+    omv_router_t *router = tmp_router(dir, sizeof(dir));
     float params[4] = {0};
     omv_shard_t sh;
     ck_assert_int_eq(omv_shard_init(&sh, params, 0, 4, 1), 0);
@@ -437,11 +442,8 @@ static size_t serve_one(omv_shard_thread_t *t, uint32_t wire, void *out, size_t 
 
 START_TEST(test_bf16_push_and_serve)
 {
-    char dir[256], endpoint[300];
-    omv_test_tmpdir(dir, sizeof(dir));
-    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
-    omv_router_t *router = omv_router_new(endpoint);
-    ck_assert_ptr_nonnull(router);
+    char dir[256];
+    omv_router_t *router = tmp_router(dir, sizeof(dir));
     static float a[BF_COUNT], b[BF_COUNT], grad[BF_COUNT], widened[BF_COUNT];
     static uint16_t grad16[BF_COUNT], want16[BF_COUNT], got16[BF_COUNT];
     static float got32[BF_COUNT];
@@ -505,11 +507,8 @@ START_TEST(test_weighted_mean_of_uneven_members)
     /* 64 images over 3 members: 22, 21, 21. Each gradient counts for its images over the mean
      * share (22 * 3 / 64 and 21 * 3 / 64), so the update is the mean weighted by images:
      * (22 g1 + 21 g2 + 21 g3) / 64, by hand below. */
-    char dir[256], endpoint[300];
-    omv_test_tmpdir(dir, sizeof(dir));
-    snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
-    omv_router_t *router = omv_router_new(endpoint);
-    ck_assert_ptr_nonnull(router);
+    char dir[256];
+    omv_router_t *router = tmp_router(dir, sizeof(dir));
     enum { N = 4 };
     static float params[N] = {0.5f, -0.25f, 1.0f, 0.0f};
     static const float g[3][N] = {{1, 2, 3, 4}, {0.5f, -1, 7, 0}, {-0.25f, 0.125f, 0, 1}};
