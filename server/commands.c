@@ -134,6 +134,11 @@ static int checkpoint_answer(const omv_run_t *run, uint64_t written, uint64_t fa
         omv_strbuf_printf(reply, "checkpoint failed (see the daemon's log)");
         return -EIO;
     }
+    if (run->ckpt.written_total == written && !run->ckpt.due) {
+        /* Given up on (a stop that could not wait): nothing will be written for it. */
+        omv_strbuf_printf(reply, "no checkpoint of whole steps could be written (see status)");
+        return -EAGAIN;
+    }
     if (run->ckpt.written_total == written)
         return 1;
     checkpoint_reply(run, json, reply);
@@ -233,6 +238,10 @@ static void submit_reply(const omv_daemon_t *d, uint64_t id, const char *name, c
 /* Checks submit's words before the file is read. Returns 0 or a negative errno with reply. */
 static int submit_fits(const omv_daemon_t *d, int argc, char **argv, omv_strbuf_t *reply)
 {
+    if (d->stopping_ms) {
+        omv_strbuf_printf(reply, "the daemon is shutting down: submit to the next one");
+        return -ESHUTDOWN;
+    }
     if (d->cfg.once) {
         omv_strbuf_printf(reply, "this daemon runs one job only (omnivored --once, as "
                                  "omnivorectl run starts it); start omnivored without --once to "
@@ -316,6 +325,11 @@ static int stop_queued(omv_daemon_t *d, const char *what, int json, omv_strbuf_t
 /* stop [ID|NAME]: the current job (checkpointed first) or a queued one (dropped). */
 static int cmd_stop(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
 {
+    if (d->stopping_ms) {
+        omv_strbuf_printf(reply, "the daemon is shutting down: the job is checkpointed and goes "
+                                 "on when it starts again");
+        return -ESHUTDOWN;
+    }
     omv_run_t *run = d->run;
     const char *what = argc > 1 ? argv[1] : NULL;
     if (what != NULL && !(run && omv_jobs_matches(run->id, run->job.name, what)))

@@ -283,11 +283,14 @@ int omv_daemon_run(omv_daemon_t *d, volatile sig_atomic_t *stop)
         int r = turn(d, wait);
         if (r < 0)
             return r;
+        /* Answers first, so a deferred one sees the run it asked about before the next job
+         * replaces it. */
+        omv_commands_poll(d);
         if (!d->stopping_ms)
             omv_schedule_poll(d);
-        omv_commands_poll(d);
         omv_notify_watchdog();
     }
+    omv_commands_poll(d); /* the last checkpoint may be the one a request waits for */
     say_goodbye(d);
     omv_log_info("stopped");
     return 0;

@@ -35,6 +35,7 @@ typedef struct {
     uint64_t parked_step;
     uint32_t batch;       /* images it was given for the step it was last sent */
     uint32_t planned;     /* [cluster] split = speed: its share of its group's batch */
+    float weight;         /* what its gradient counts for in its group's mean, set with batch */
     double ms_per_image;  /* its compute time per image, averaged over recent steps */
     int served;           /* it was sent parameters at least once */
     uint64_t served_step; /* the step it was last sent parameters for */

@@ -206,7 +206,7 @@ void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
                          "evaluation result that was not asked for");
         return;
     }
-    double acc = omv_eval_last_accuracy(ev);
+    double acc = (double)e->correct / e->total; /* checked: total > 0 */
     omv_log_info("eval: epoch %.2f test_accuracy %.4f test_loss %.4f (%u images)", ev->epoch, acc,
                  e->loss, e->total);
     if (r->state == JOB_FINISHING) {
@@ -256,9 +256,11 @@ static int write_checkpoint(omv_run_t *r)
     } else {
         int e = omv_shardset_gather(r->shards, 1);
         if (e < 0) {
+            uint64_t step = omv_groups_min_clock(r->groups);
             r->ckpt.due = 0;
             r->ckpt.failed_total++;
             r->ckpt.last_s = omv_time_s();
+            r->ckpt.last_step = step == UINT64_MAX ? 0 : step; /* not again at once */
             omv_log_error("checkpoint failed: cannot gather the model from the shard threads: %s",
                           omv_strerror(e));
             return e;
@@ -492,6 +494,7 @@ static void send_params(omv_run_t *r, member_t *m, uint64_t step)
     m->served_step = step;
     uint32_t batch = member_batch(r, m, group, step);
     m->batch = batch;
+    m->weight = push_weight(r, m, group);
     /* Each shard's executor answers with a snapshot of its part, sent without a copy; commands
      * to a shard run in order, so every update applied so far is in it. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
@@ -622,7 +625,7 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .sgd = r->sgd,
                            .solo = omv_groups_live(r->groups, group) == 1,
                            .wire = p->wire,
-                           .weight = push_weight(r, m, group)};
+                           .weight = m->weight};
     omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, &payload);
     if (p->shard == 0)
         count_step(r, m, group, p);
@@ -686,7 +689,7 @@ void omv_run_finish(omv_run_t *r, job_state_t state, const char *why)
         snprintf(again, sizeof(again), "job '%s' is %s: register again for the next job",
                  r->job.name, omv_run_state_names[state]);
         omv_members_stop_all(r->env.members, r->env.router, MEMBER_ALIVE, MEMBER_DONE, again, 1);
-        r->eval.evaluator = 0;
+        omv_eval_lost(&r->eval); /* it registers again too: nothing of it is in flight */
     }
     log_end(r, state, why);
     if (state == JOB_DONE && r->ckpt.enabled)
@@ -743,7 +746,8 @@ void omv_run_progress(omv_run_t *r)
 
 void omv_run_stop(omv_run_t *r, omv_run_stop_t how, double settle_s)
 {
-    if (r->stopping == how)
+    /* The daemon's way out is never turned back into a job's stop. */
+    if (r->stopping == how || r->stopping == OMV_RUN_STOP_EXIT)
         return;
     r->stopping = how;
     r->stop_deadline_s = omv_time_s() + settle_s;
@@ -775,6 +779,7 @@ static void finish_stop(omv_run_t *r)
                      "one (the last is %s)",
                      r->job.name, r->ckpt.last_path[0] ? r->ckpt.last_path : "none");
     r->ckpt.due = 0;
+    r->ckpt_forced = 0;
     omv_run_finish(r, JOB_STOPPED, "stopped by omnivorectl stop");
 }
 
@@ -887,9 +892,13 @@ static void check_evaluator(omv_run_t *r, int64_t now_ms)
     int64_t timeout = omv_run_worker_timeout_ms(r);
     if (!r->eval.busy || now_ms - r->eval.sent_ms <= 10 * timeout + 60000)
         return;
+    member_t *ev = omv_members_get(r->env.members, r->eval.evaluator);
+    if (ev == NULL || ev->state != MEMBER_ALIVE) {
+        omv_eval_lost(&r->eval); /* gone already: nobody to wait for */
+        return;
+    }
     omv_log_warn("evaluator %u did not answer within %.0f s; evaluating without it",
                  r->eval.evaluator, (double)(now_ms - r->eval.sent_ms) / 1000.0);
-    member_t *ev = omv_members_get(r->env.members, r->eval.evaluator);
     r->env.members->deaths_total++;
     omv_run_member_gone(r, ev, MEMBER_DEAD);
 }

@@ -157,7 +157,9 @@ static int same_job(const omv_jobspec_t *a, const omv_jobspec_t *b)
            strcmp(a->test_labels, b->test_labels) == 0 && a->scale == b->scale &&
            a->n_mean == b->n_mean && a->n_std == b->n_std &&
            memcmp(a->mean, b->mean, a->n_mean * sizeof(a->mean[0])) == 0 &&
-           memcmp(a->std, b->std, a->n_std * sizeof(a->std[0])) == 0;
+           memcmp(a->std, b->std, a->n_std * sizeof(a->std[0])) == 0 &&
+           a->n_shards == b->n_shards &&
+           memcmp(a->shard_offsets, b->shard_offsets, (a->n_shards + 1) * sizeof(uint32_t)) == 0;
 }
 
 /* One registration attempt: Hello, then wait up to wait_ms for the Welcome. Returns 0,
