@@ -591,7 +591,13 @@ static void count_step(omv_run_t *r, member_t *m, uint32_t group, const omv_push
 {
     m->steps++;
     m->last_compute_ms = p->compute_ms;
-    if (p->samples > 0 && p->compute_ms > 0 && isfinite(p->compute_ms)) {
+    /* Its speed, measured only on batches of at least half the even share: a step's fixed
+     * costs make a small batch look slow per image, and a member given few images for being
+     * slow would look slower still, down to one image. */
+    uint32_t live = omv_groups_live(r->groups, group);
+    uint64_t even = (uint64_t)r->job.batch_size / (live ? live : 1);
+    if (p->samples > 0 && 2 * (uint64_t)p->samples >= even && p->compute_ms > 0 &&
+        isfinite(p->compute_ms)) {
         double x = (double)p->compute_ms / p->samples;
         m->ms_per_image = m->ms_per_image > 0 ? 0.8 * m->ms_per_image + 0.2 * x : x;
     }
