@@ -12,6 +12,9 @@ test accuracy.
 Needs Debian's python3-torch for /usr/bin/python3 (apt-get install python3-torch).
 
     bench/torch_ddp.py --procs 2 --batch 64 --epochs 2 [--model mlp|cnn] [--target 0.85]
+        [--limit N]                      (the first N training images only)
+    bench/torch_ddp.py --rank R --procs N --master ADDR:PORT ...   (one rank of N, started by
+        hand on its own host: the others are started the same way; rank 0 prints the JSON)
 """
 import argparse
 import gzip
@@ -58,12 +61,14 @@ def rank_main(rank, a):
     import torch.nn as nn
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=a.procs)
+    a.limit = a.limit or 60000
     torch.manual_seed(42)
     model = nn.parallel.DistributedDataParallel(model_of(a.model, nn))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     loss_fn = nn.CrossEntropyLoss()
-    xs = torch.from_numpy(idx(f"{DATA}/train-images-idx3-ubyte.gz").copy()).float() / 255.0
-    ys = torch.from_numpy(idx(f"{DATA}/train-labels-idx1-ubyte.gz").copy()).long()
+    xs = torch.from_numpy(idx(f"{DATA}/train-images-idx3-ubyte.gz")[:a.limit].copy()).float()
+    xs = xs / 255.0
+    ys = torch.from_numpy(idx(f"{DATA}/train-labels-idx1-ubyte.gz")[:a.limit].copy()).long()
     n = len(xs) // a.procs
     x, y = xs[rank * n:(rank + 1) * n].unsqueeze(1), ys[rank * n:(rank + 1) * n]
     if rank == 0:
@@ -111,13 +116,22 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--eval-every", type=float, default=0.25, help="epochs between evaluations")
+    p.add_argument("--limit", type=int, default=0, help="training images to use (0: all)")
+    p.add_argument("--rank", type=int, default=-1, help="run this one rank (with --master)")
+    p.add_argument("--master", default="", help="rank 0's ADDR:PORT for --rank")
     a = p.parse_args()
     try:
         import torch.multiprocessing as mp
     except ImportError as e:
         print(json.dumps({"error": f"PyTorch is not installed ({e}): apt-get install python3-torch"}))
         return 2
-    os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+    os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    if a.rank >= 0:
+        addr, port = a.master.rsplit(":", 1)
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
+        rank_main(a.rank, a)
+        return 0
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         os.environ["MASTER_PORT"] = str(s.getsockname()[1])

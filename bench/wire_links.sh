@@ -1,8 +1,9 @@
 #!/bin/sh
 # fp32 against bf16 on the wire, over real links: a head and two worker hosts in network
 # namespaces joined by a bridge, each worker host's veth shaped by tc tbf (both ends), the
-# Fashion-MNIST MLP with 64 images per worker in one synchronous group. For each link rate and
-# wire, the median of RUNS runs: images/s and the final test accuracy. Needs root (skips
+# Fashion-MNIST MLP with 64 images per worker in one synchronous group, and PyTorch DDP with one
+# rank per worker host on the same links, batch and data (when python3-torch is there). For each
+# link rate, the median of RUNS runs: images/s and the final test accuracy. Needs root (skips
 # otherwise). Usage: bench/wire_links.sh [BUILD_DIR]   (RUNS, RATES, LIMIT, EPOCHS from the
 # environment)
 set -eu
@@ -85,20 +86,41 @@ one_run() { # one_run WIRE: prints "images_per_second test_accuracy"
     "$ctl" --socket "$sock" shutdown >/dev/null 2>&1 || true
     stop_all
 }
+ddp_run() { # PyTorch DDP, one rank per worker host, the same batch and data: prints images/s
+    port=$((29500 + $$ % 400))
+    ip netns exec "$ns_w2" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py --rank 1 --procs 2 \
+        --master 10.78.0.2:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
+        --eval-every 1000 >"$tmp/ddp1.log" 2>&1 &
+    r1=$!
+    ip netns exec "$ns_w1" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py --rank 0 --procs 2 \
+        --master 10.78.0.2:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
+        --eval-every 1000 2>"$tmp/ddp0.log" | tail -1 |
+        sed -n 's/.*"images_per_second": \([0-9.]*\).*/\1/p'
+    wait "$r1" || true
+}
+have_ddp=0
+/usr/bin/python3 -c 'import torch' 2>/dev/null && have_ddp=1
+[ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "# $RUNS runs each, interleaved; MLP, 2 workers x 64 images, $LIMIT images x $EPOCHS epochs"
 printf '%-10s %-6s %12s %10s\n' link wire images/s accuracy
 json="{"
 for RATE in $RATES; do
     shape
-    : >"$tmp/fp32" && : >"$tmp/bf16"
+    : >"$tmp/fp32" && : >"$tmp/bf16" && : >"$tmp/ddp"
     for r in $(seq "$RUNS"); do
         for w in fp32 bf16; do one_run $w >>"$tmp/$w"; done
+        [ $have_ddp = 0 ] || ddp_run >>"$tmp/ddp"
     done
     for w in fp32 bf16; do
         ips=$(cut -d' ' -f1 "$tmp/$w" | median) acc=$(cut -d' ' -f2 "$tmp/$w" | median)
         printf '%-10s %-6s %12s %10s\n' "$RATE" "$w" "$ips" "$acc"
         json="$json\"${RATE}_$w\":{\"images_per_second\":$ips,\"test_accuracy\":$acc},"
     done
+    if [ -s "$tmp/ddp" ]; then
+        ips=$(median <"$tmp/ddp")
+        printf '%-10s %-6s %12s %10s\n' "$RATE" ddp "$ips" -
+        json="$json\"${RATE}_ddp\":{\"images_per_second\":$ips},"
+    fi
 done
 echo "${json%,}}"
