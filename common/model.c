@@ -458,3 +458,52 @@ void omv_model_shard_offsets(size_t count, uint32_t n_shards, uint32_t *offsets)
     for (uint32_t i = 0; i <= n_shards; i++)
         offsets[i] = (uint32_t)(count * i / n_shards);
 }
+
+/* Appends to cuts[*n] the ends of the pieces layer l splits into: about target parameters each,
+ * cut between rows of its weights (one output's inputs), the biases with the last piece. */
+static void layer_pieces(const omv_model_layer_t *l, size_t target, size_t *cuts, uint32_t *n,
+                         uint32_t cap)
+{
+    size_t size = l->w_count + l->b_count, end = l->b_offset + l->b_count;
+    size_t k = (size + target / 2) / target, row = l->units ? l->w_count / l->units : 1;
+    if (k == 0 || size / k > target + target / 4)
+        k++;
+    for (size_t j = 1; j < k && *n < cap; j++) {
+        size_t at = l->w_offset + (j * l->w_count / k) / row * row;
+        if (at > (*n ? cuts[*n - 1] : 0) && at < l->w_offset + l->w_count)
+            cuts[(*n)++] = at;
+    }
+    if (*n < cap)
+        cuts[(*n)++] = end;
+}
+
+uint32_t omv_model_shard_layout(const omv_model_layout_t *self, uint32_t n_shards,
+                                uint32_t *offsets)
+{
+    size_t total = self->param_count;
+    if (n_shards > OMV_MODEL_MAX_SHARDS)
+        n_shards = OMV_MODEL_MAX_SHARDS;
+    if (n_shards <= 1 || total < n_shards) {
+        n_shards = total < n_shards ? (uint32_t)total : n_shards;
+        omv_model_shard_offsets(total, n_shards ? n_shards : 1, offsets);
+        return n_shards ? n_shards : 1;
+    }
+    size_t target = (total + n_shards - 1) / n_shards;
+    size_t cuts[OMV_MODEL_MAX_SHARDS * 2];
+    uint32_t n_cuts = 0;
+    for (uint32_t i = 0; i < self->n_layers; i++)
+        if (self->layers[i].w_count + self->layers[i].b_count > 0)
+            layer_pieces(&self->layers[i], target, cuts, &n_cuts, OMV_MODEL_MAX_SHARDS * 2);
+    /* Pieces (whole small layers, parts of large ones) join while a shard stays within a
+     * quarter over the target. */
+    uint32_t n = 0;
+    offsets[0] = 0;
+    for (uint32_t c = 0; c < n_cuts; c++) {
+        int last = c + 1 == n_cuts;
+        if (last ||
+            (cuts[c + 1] - offsets[n] > target + target / 4 && n + 1 < OMV_MODEL_MAX_SHARDS))
+            offsets[++n] = (uint32_t)cuts[c];
+    }
+    offsets[n] = (uint32_t)total;
+    return n;
+}

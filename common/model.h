@@ -14,6 +14,8 @@
  * worker allocate before a single image is read. */
 #define OMV_MODEL_MAX_ACTIVATION (1u << 24)
 #define OMV_MODEL_MAX_DIM 65536u
+/* Shards a model splits into at most (the wire carries as many: OMV_WIRE_MAX_SHARDS). */
+#define OMV_MODEL_MAX_SHARDS 256
 
 typedef enum {
     OMV_LAYER_FC,   /* fully connected; takes any input shape as a flat vector */
@@ -92,3 +94,12 @@ static inline size_t omv_shape_size(omv_shape_t s)
 /* Splits count parameters into n_shards near-equal contiguous ranges; offsets has n_shards + 1
  * entries. A tensor may span shards. */
 void omv_model_shard_offsets(size_t count, uint32_t n_shards, uint32_t *offsets);
+
+/* Splits the model's parameters into about n_shards shards along its layers, so that a worker
+ * can send a shard's gradient as soon as backward has finished the layers in it, and begin a
+ * layer's forward as soon as its shards have come: small layers share a shard, a large one is
+ * cut between rows of its weights into shards of about param_count / n_shards. Writes the
+ * offsets (room for OMV_MODEL_MAX_SHARDS + 1) and returns how many shards there are (at most
+ * OMV_MODEL_MAX_SHARDS, and never more than parameters). */
+uint32_t omv_model_shard_layout(const omv_model_layout_t *self, uint32_t n_shards,
+                                uint32_t *offsets);

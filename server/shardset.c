@@ -44,8 +44,8 @@ omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
     self->refusals = refusals;
     size_t n = layout->param_count;
     self->param_count = n;
-    self->n_shards = n_shards > n ? (uint32_t)n : n_shards;
-    omv_model_shard_offsets(n, self->n_shards, self->offsets);
+    _Static_assert(OMV_MODEL_MAX_SHARDS == OMV_WIRE_MAX_SHARDS, "a model's shards fit the wire");
+    self->n_shards = omv_model_shard_layout(layout, n_shards, self->offsets);
     self->params = malloc(n * sizeof(float));
     self->shards = calloc(self->n_shards, sizeof(omv_shard_t));
     self->threads = calloc(self->n_shards, sizeof(*self->threads));

@@ -184,6 +184,72 @@ START_TEST(test_shard_offsets)
 }
 END_TEST
 
+/* Whether offset lies on a layer's start or end, or between two rows of a layer's weights. */
+static int on_layer_or_row(const omv_model_layout_t *l, uint32_t off)
+{
+    for (uint32_t i = 0; i < l->n_layers; i++) {
+        const omv_model_layer_t *y = &l->layers[i];
+        size_t end = y->b_offset + y->b_count, row = y->units ? y->w_count / y->units : 1;
+        if (y->w_count + y->b_count == 0)
+            continue;
+        if (off == y->w_offset || off == end)
+            return 1;
+        if (off > y->w_offset && off < end)
+            return off < y->w_offset + y->w_count && (off - y->w_offset) % row == 0;
+    }
+    return 0;
+}
+
+START_TEST(test_shard_layout_follows_layers)
+{
+    /* The MLP of the examples: its first layer holds 99% of the parameters and is cut between
+     * rows of 784 weights; the small last layer rides with the last piece. */
+    omv_model_layout_t l;
+    uint32_t widths[] = {784, 256, 10}, off[OMV_MODEL_MAX_SHARDS + 1];
+    ck_assert_int_eq(omv_model_layout(&l, widths, 3), 0);
+    ck_assert_uint_eq(omv_model_shard_layout(&l, 2, off), 2);
+    ck_assert_uint_eq(off[0], 0);
+    ck_assert_uint_eq(off[1], 128 * 784); /* 100352: row 128 of 256 */
+    ck_assert_uint_eq(off[2], 203530);
+    uint32_t n = omv_model_shard_layout(&l, 8, off);
+    ck_assert_uint_eq(n, 8);
+    for (uint32_t i = 1; i < n; i++) {
+        ck_assert_uint_eq(off[i] % 784, 0);
+        ck_assert_uint_lt(off[i], 784 * 256);
+        ck_assert_uint_gt(off[i], off[i - 1]);
+    }
+    ck_assert_uint_eq(off[n], 203530);
+    /* A CNN: small layers share a shard, never split; the large fc is cut between rows; sizes
+     * stay within a quarter over the target, but for a whole small layer. */
+    char err[OMV_CONFIG_ERR_MAX];
+    ck_assert_int_eq(omv_model_parse(&l,
+                                     "input 1x28x28\nconv 32 5x5 pad 2\nrelu\nmaxpool 2\n"
+                                     "conv 64 5x5 pad 2\nrelu\nmaxpool 2\nflatten\nfc 128\nrelu\n"
+                                     "fc 10\n",
+                                     "cnn", err),
+                     0);
+    for (uint32_t want = 1; want <= 16; want++) {
+        n = omv_model_shard_layout(&l, want, off);
+        ck_assert_uint_ge(n, 1);
+        ck_assert_uint_le(n, want + 1);
+        ck_assert_uint_eq(off[0], 0);
+        ck_assert_uint_eq(off[n], l.param_count);
+        size_t target = (l.param_count + want - 1) / want;
+        for (uint32_t i = 1; i <= n; i++) {
+            ck_assert_uint_gt(off[i], off[i - 1]);
+            ck_assert_msg(want == 1 || on_layer_or_row(&l, off[i]),
+                          "%u shards: offset %u cuts a layer off a row", want, off[i]);
+            ck_assert_msg(want == 1 || off[i] - off[i - 1] <= target + target / 4 + 32 * 25 + 32,
+                          "%u shards: shard %u has %u parameters (target %zu)", want, i - 1,
+                          off[i] - off[i - 1], target);
+        }
+    }
+    /* More shards than parameters: one parameter each, as before. */
+    ck_assert_int_eq(omv_model_layout(&l, (uint32_t[]){2, 2}, 2), 0);
+    ck_assert_uint_eq(omv_model_shard_layout(&l, 8, off), 6);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("model");
@@ -194,6 +260,7 @@ int main(void)
     tcase_add_test(tc, test_mlp_form);
     tcase_add_test(tc, test_init_by_fan_in);
     tcase_add_test(tc, test_shard_offsets);
+    tcase_add_test(tc, test_shard_layout_follows_layers);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }
