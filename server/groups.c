@@ -229,10 +229,9 @@ void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard)
     settle(self, group);
 }
 
-bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step)
+/* Whether every other live group is within the bound of group's step. */
+static bool others_within_bound(const omv_groups_t *self, uint32_t group, uint64_t step)
 {
-    if (group >= self->n_groups || self->groups[group].clock != step)
-        return false;
     if (self->staleness < 0)
         return true;
     for (uint32_t h = 0; h < self->n_groups; h++) {
@@ -243,6 +242,26 @@ bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t ste
             return false;
     }
     return true;
+}
+
+bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step)
+{
+    return group < self->n_groups && self->groups[group].clock == step &&
+           others_within_bound(self, group, step);
+}
+
+bool omv_groups_shard_applied(const omv_groups_t *self, uint32_t group, uint32_t shard)
+{
+    return group < self->n_groups && shard < self->n_shards && self->groups[group].applied[shard];
+}
+
+bool omv_groups_may_read_next(const omv_groups_t *self, uint32_t group, uint64_t step)
+{
+    if (group >= self->n_groups)
+        return false;
+    const group_t *gr = &self->groups[group];
+    return gr->live > 0 && gr->joining == 0 && gr->clock + 1 == step &&
+           others_within_bound(self, group, step);
 }
 
 bool omv_groups_idle(const omv_groups_t *self)

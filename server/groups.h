@@ -56,6 +56,13 @@ void omv_groups_record_push(omv_groups_t *self, uint32_t slot, uint32_t shard);
 /* Whether a member of group may begin step now: its group has finished step - 1 and, under a
  * bound s, every other live group has finished step - s - 1. */
 bool omv_groups_may_begin(const omv_groups_t *self, uint32_t group, uint64_t step);
+/* Whether group, at step - 1 now, may be sent the shards of step `step` one by one as each
+ * shard of its current step is applied: every other live group is within the bound of step (as
+ * for omv_groups_may_begin) and nobody waits to join the group with the next step (their
+ * arrival changes how its batch splits). */
+bool omv_groups_may_read_next(const omv_groups_t *self, uint32_t group, uint64_t step);
+/* Whether shard of group's current step has been applied. */
+bool omv_groups_shard_applied(const omv_groups_t *self, uint32_t group, uint32_t shard);
 
 /* Whether every live member is between steps: no group has a push of its current step, a
  * shard half-applied, or a member waiting to join. Regrouping needs this. */

@@ -52,6 +52,7 @@ typedef struct {
     uint32_t weight;            /* relative speed: 1 is 10x slower than 10 */
     bool rejoined;              /* left and joined again at least once */
     bool late;                  /* its last join returned 1 */
+    uint32_t read_mask;         /* W_WAIT: shards of step read early (early_reads) */
 } sim_worker_t;
 
 typedef struct {
@@ -66,6 +67,9 @@ typedef struct {
                                 step is applied yet (so join always returns 0, and a group that
                                 empties keeps its clock) */
     bool bad_pushes;         /* duplicates, wrong steps and pushes from departed workers */
+    bool early_reads;        /* as the daemon answers a pull for the next step: shard by shard,
+                                each as soon as the group's current step has it applied
+                                (omv_groups_may_read_next), the rest once the step is done */
 } sim_cfg_t;
 
 /* The properties checked; each violation is counted and the first of each kind kept. */
@@ -123,6 +127,7 @@ typedef struct {
     uint64_t reads_after_mid_apply;   /* reads of the step such a group moved on to */
     uint64_t resumed_at[MAX_WORKERS]; /* [group]: the clock it moved on to then (>= 1; 0: never) */
     uint64_t max_spread;              /* largest clock difference seen between live groups */
+    uint64_t early_reads;             /* shards read before the group's step was done */
 } sim_t;
 
 __attribute__((format(printf, 3, 4))) static void violation(sim_t *sim, int kind, const char *fmt,
@@ -254,11 +259,27 @@ static bool done(const sim_t *sim, const sim_worker_t *w)
     return w->state == W_WAIT && w->step >= sim->cfg.target;
 }
 
+/* With early reads: how many shards w may read now, before its group's step is done, into
+ * ks[] (its group's current step has them applied, and the bound allows its step). */
+static uint32_t early_shards(const sim_t *sim, const sim_worker_t *w, uint32_t *ks)
+{
+    uint32_t n = 0;
+    if (!sim->cfg.early_reads || w->state != W_WAIT || done(sim, w) ||
+        !omv_groups_may_read_next(sim->gs, w->group, w->step))
+        return 0;
+    for (uint32_t k = 0; k < sim->cfg.shards; k++)
+        if (!(w->read_mask >> k & 1u) && omv_groups_shard_applied(sim->gs, w->group, k))
+            ks[n++] = k;
+    return n;
+}
+
 static bool may_act(const sim_t *sim, const sim_worker_t *w)
 {
+    uint32_t ks[MAX_SHARDS];
     if (w->state == W_PUSH)
         return true;
-    return w->state == W_WAIT && !done(sim, w) && omv_groups_may_begin(sim->gs, w->group, w->step);
+    return w->state == W_WAIT && !done(sim, w) &&
+           (omv_groups_may_begin(sim->gs, w->group, w->step) || early_shards(sim, w, ks) > 0);
 }
 
 /* Is step `below` or anything older of group h still to be applied? Describes what into why. */
@@ -286,6 +307,58 @@ static bool missing_upto(const sim_t *sim, uint32_t h, uint64_t below, char *why
         }
     }
     return false;
+}
+
+/* Is shard sh of step `below` or anything older of group h still to be applied? As
+ * missing_upto, for one shard: a worker that pushed sh of step `below` owes it nothing more. */
+static bool missing_shard_upto(const sim_t *sim, uint32_t h, uint64_t below, uint32_t sh, char *why,
+                               size_t cap)
+{
+    for (uint64_t u = 0; u <= below && u < sim->steps; u++) {
+        if (sim->started[gs_index(sim, h, u)] && !sim->abandoned[gs_index(sim, h, u)] &&
+            *applied_at(sim, h, u, sh) == 0) {
+            snprintf(why, cap, "group %u step %llu shard %u not applied", h, (unsigned long long)u,
+                     sh);
+            return true;
+        }
+    }
+    for (uint32_t i = 0; i < sim->n_workers; i++) {
+        const sim_worker_t *x = &sim->w[i];
+        bool owes = x->state != W_OFF && x->group == h && x->step <= below;
+        if (owes && x->state == W_PUSH && x->step == below && (x->pushed_mask >> sh & 1u))
+            owes = false;
+        if (owes) {
+            snprintf(why, cap, "worker %u of group %u has step %llu still to do", i, h,
+                     (unsigned long long)x->step);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Worker i reads one shard of its step early (early_reads): the same guarantee, for that shard,
+ * at that moment. */
+static void do_early_read(sim_t *sim, uint32_t i, const uint32_t *ks, uint32_t n)
+{
+    sim_worker_t *w = &sim->w[i];
+    uint32_t g = w->group, k = ks[omv_rng_below(&sim->rng, n)];
+    uint64_t t = w->step;
+    char why[160];
+    trace_line("%llu: w%u early read g%u step %llu shard %u", (unsigned long long)sim->event, i, g,
+               (unsigned long long)t, k);
+    sim->early_reads++;
+    if (t == 0 || missing_shard_upto(sim, g, t - 1, k, why, sizeof(why)))
+        violation(sim, V_OWN, "worker %u of group %u read shard %u of step %llu early: %s", i, g, k,
+                  (unsigned long long)t, t == 0 ? "no step before it" : why);
+    int64_t s = sim->cfg.check_staleness;
+    if (s >= 0 && t >= (uint64_t)s + 1)
+        for (uint32_t h = 0; h < sim->cfg.groups; h++)
+            if (h != g && live_members(sim, h) > 0 &&
+                missing_shard_upto(sim, h, t - (uint64_t)s - 1, k, why, sizeof(why)))
+                violation(sim, V_BOUND,
+                          "worker %u of group %u read shard %u of step %llu early (s=%lld): %s", i,
+                          g, k, (unsigned long long)t, (long long)s, why);
+    w->read_mask |= 1u << k;
 }
 
 /* Worker i reads the model for its step: the moment the guarantee is about. */
@@ -322,6 +395,7 @@ static void do_read(sim_t *sim, uint32_t i)
     w->next = 0;
     w->push_step = t;
     w->pushed_mask = 0;
+    w->read_mask = 0;
 }
 
 /* A push that must be refused with `want` and change nothing. */
@@ -477,6 +551,7 @@ static void do_join(sim_t *sim, uint32_t i, uint32_t g)
     w->rejoined = true;
     w->late = rc == 1;
     w->pushed_mask = 0;
+    w->read_mask = 0;
     if (rc == 0) {
         w->state = W_WAIT;
         w->step = c; /* the daemon tells a joining worker its group's clock */
@@ -718,9 +793,12 @@ static void sim_run(sim_t *sim, const sim_cfg_t *cfg, uint64_t seed)
         uint32_t pick = omv_rng_below(&sim->rng, total), k = 0;
         while (pick >= sim->w[acting[k]].weight)
             pick -= sim->w[acting[k++]].weight;
-        uint32_t i = acting[k];
-        if (sim->w[i].state == W_WAIT)
+        uint32_t i = acting[k], ks[MAX_SHARDS];
+        if (sim->w[i].state == W_WAIT &&
+            omv_groups_may_begin(sim->gs, sim->w[i].group, sim->w[i].step))
             do_read(sim, i);
+        else if (sim->w[i].state == W_WAIT)
+            do_early_read(sim, i, ks, early_shards(sim, &sim->w[i], ks));
         else
             do_push(sim, i);
         check_state(sim);
@@ -855,6 +933,27 @@ END_TEST
 START_TEST(test_property_mid_step_churn)
 {
     check_variant(&mid_step_variants[_i / N_SEEDS], seeds[_i % N_SEEDS]);
+}
+END_TEST
+
+/* _i runs over (variants, then mid_step_variants) x seeds, answering pulls shard by shard as
+ * the daemon does: a shard of the next step is read as soon as the group's current step has it
+ * applied, and every such read keeps the guarantees, for that shard, at that moment. */
+START_TEST(test_property_early_reads)
+{
+    uint32_t v = (uint32_t)_i / N_SEEDS;
+    sim_cfg_t cfg = v < N_VARIANTS ? variants[v] : mid_step_variants[v - N_VARIANTS];
+    cfg.early_reads = true;
+    static sim_t sim;
+    sim_run(&sim, &cfg, seeds[_i % N_SEEDS]);
+    char msg[4096];
+    ck_assert_msg(report(&sim, msg, sizeof(msg)) == 0, "early reads: %s", msg);
+    uint64_t min_reads = cfg.churn ? cfg.target : (uint64_t)sim.n_workers * cfg.target;
+    ck_assert_msg(sim.reads >= min_reads, "%s only %llu reads", msg, (unsigned long long)sim.reads);
+    /* A worker alone in its group pushes every shard before it waits for the next step, so its
+     * step is done by then: early reads are for groups of several. */
+    if (cfg.per_group > 1)
+        ck_assert_msg(sim.early_reads > 0, "%s no shard was read early", msg);
 }
 END_TEST
 
@@ -1153,6 +1252,7 @@ static Suite *ssp_suite(void)
     tcase_add_test(tc, test_emptied_mid_apply_keeps_its_newcomer);
     tcase_add_test(tc, test_join_mid_step_starts_with_the_next_step);
     tcase_add_loop_test(tc, test_property_mid_step_churn, 0, N_MID_STEP * N_SEEDS);
+    tcase_add_loop_test(tc, test_property_early_reads, 0, (N_VARIANTS + N_MID_STEP) * N_SEEDS);
     suite_add_tcase(s, tc);
     return s;
 }
