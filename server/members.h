@@ -33,6 +33,10 @@ typedef struct {
     uint32_t slice_begin, slice_count; /* its part of the training set now */
     int parked;                        /* a pull is waiting */
     uint64_t parked_step;
+    /* Shards of parked_step sent already: a pull that waits for its group's current step is
+     * answered shard by shard as each shard of that step is applied. */
+    uint32_t sent_n;
+    uint64_t sent[(OMV_WIRE_MAX_SHARDS + 63) / 64];
     uint32_t batch;       /* images it was given for the step it was last sent */
     uint32_t planned;     /* [cluster] split = speed: its share of its group's batch */
     float weight;         /* what its gradient counts for in its group's mean, set with batch */

@@ -93,11 +93,14 @@ static void tuner_membership(omv_run_t *r)
 
 /* ---- groups' events ---- */
 
+static void serve_early(omv_run_t *r, uint32_t group, uint32_t s);
+
 static void on_apply(void *ctx, uint32_t group, uint32_t shard)
 {
     omv_run_t *r = ctx;
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = r->sgd};
     omv_shardset_send(r->shards, shard, &cmd, NULL, NULL);
+    serve_early(r, group, shard);
 }
 
 static void on_advance(void *ctx, uint32_t group, uint64_t clock)
@@ -480,10 +483,11 @@ static float push_weight(const omv_run_t *r, const member_t *m, uint32_t group)
     return m->batch == 0 || live == 0 || share == b ? 1.0f : (float)((double)share / (double)b);
 }
 
-static void send_params(omv_run_t *r, member_t *m, uint64_t step)
+/* Fixes what the member's step is made of when its first shard is sent: its batch, its
+ * gradient's weight, and the staleness the read has (how far the slowest other live group is
+ * behind it). */
+static void begin_serve(omv_run_t *r, member_t *m, uint32_t group, uint64_t step)
 {
-    uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
-    /* The staleness this read has: how far the slowest other live group is behind it. */
     for (uint32_t g = 0; g < omv_groups_count(r->groups); g++) {
         uint64_t c = omv_groups_clock(r->groups, g);
         if (g != group && omv_groups_live(r->groups, g) > 0 && c < step &&
@@ -492,20 +496,63 @@ static void send_params(omv_run_t *r, member_t *m, uint64_t step)
     }
     m->served = 1;
     m->served_step = step;
-    uint32_t batch = member_batch(r, m, group, step);
-    m->batch = batch;
+    m->batch = member_batch(r, m, group, step);
     m->weight = push_weight(r, m, group);
-    /* Each shard's executor answers with a snapshot of its part, sent without a copy; commands
-     * to a shard run in order, so every update applied so far is in it. */
+}
+
+/* Sends shard s of the member's parked step, once. The shard's executor answers with a
+ * snapshot of its part, sent without a copy; commands to a shard run in order, so every update
+ * sent to it so far is in the snapshot. Returns 1 when every shard has been sent: the pull is
+ * answered. */
+static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
+{
+    uint64_t bit = 1ull << (s % 64);
+    if (m->sent[s / 64] & bit)
+        return m->sent_n == r->shards->n_shards;
+    if (m->sent_n == 0)
+        begin_serve(r, m, group, m->parked_step);
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
                            .group = group,
-                           .step = step,
+                           .step = m->parked_step,
                            .worker_id = omv_members_id(r->env.members, m),
                            .slice_begin = m->slice_begin,
                            .slice_count = m->slice_count,
-                           .batch = batch ? batch : 1,
+                           .batch = m->batch ? m->batch : 1,
                            .wire = (uint32_t)r->job.wire};
-    omv_shardset_send_all(r->shards, &cmd, &m->peer);
+    omv_shardset_send(r->shards, s, &cmd, &m->peer, NULL);
+    m->sent[s / 64] |= bit;
+    m->sent_n++;
+    return m->sent_n == r->shards->n_shards;
+}
+
+/* Answers the member's parked pull with every shard not sent yet. */
+static void send_params(omv_run_t *r, member_t *m)
+{
+    uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    for (uint32_t s = 0; s < r->shards->n_shards; s++)
+        serve_shard(r, m, group, s);
+    m->parked = 0;
+}
+
+/* Shard s of group's current step was just applied: the members of the group that already
+ * asked for the next step get that shard of it now, while the rest of the step is still on its
+ * way in (pushes and pulls overlap, shard by shard, in both directions of every link). What
+ * they read is what they would read after the whole step, bit for bit. Not while a change
+ * waits for a step boundary, nor when the bound or a joining member says wait. */
+static void serve_early(omv_run_t *r, uint32_t group, uint32_t s)
+{
+    if (r->state != JOB_RUNNING || r->reconfig.pending)
+        return;
+    uint64_t next = omv_groups_clock(r->groups, group) + 1;
+    if (!omv_groups_may_read_next(r->groups, group, next))
+        return;
+    for (uint32_t i = 0; i < r->env.members->n; i++) {
+        member_t *m = &r->env.members->records[i];
+        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER && m->parked &&
+            m->parked_step == next && omv_groups_of(r->groups, m->slot) == (int)group &&
+            serve_shard(r, m, group, s))
+            m->parked = 0;
+    }
 }
 
 /* Answers the parked pulls the groups and the bound allow. With a change pending, only groups
@@ -521,8 +568,7 @@ static void serve_parked(omv_run_t *r)
         if (holding && (g < 0 || !omv_reconfig_group_begun(r->groups, r->env.members, (uint32_t)g)))
             continue;
         if (g >= 0 && omv_groups_may_begin(r->groups, (uint32_t)g, m->parked_step)) {
-            m->parked = 0;
-            send_params(r, m, m->parked_step);
+            send_params(r, m);
         }
     }
 }
@@ -547,6 +593,14 @@ void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
     /* Answered by omv_run_progress once the group and the bound allow; at the end, Stop does. */
     m->parked = 1;
     m->parked_step = p->step;
+    m->sent_n = 0;
+    memset(m->sent, 0, sizeof(m->sent));
+    /* Asked for the next step while the current one is applied: what is applied already goes
+     * out now, the rest as it is applied. */
+    if (g >= 0 && p->step == clock + 1)
+        for (uint32_t s = 0; s < r->shards->n_shards && m->parked; s++)
+            if (omv_groups_shard_applied(r->groups, (uint32_t)g, s))
+                serve_early(r, (uint32_t)g, s);
 }
 
 /* ---- pushes ---- */
