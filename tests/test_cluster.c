@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "checkpoint.h"
 #include "cluster_util.h"
 #include "control.h"
 #include "strbuf.h"
@@ -94,6 +95,59 @@ START_TEST(test_train_cnn)
     ck_assert_msg(has_text(log, "conv 8 3x3 s1 p1") && has_text(log, "8x8x8") &&
                       has_text(log, "total"),
                   "no model summary in the log: %s", log);
+}
+END_TEST
+
+/* Trains the current job with `omnivorectl run` (its workers with OMNIVORE_OVERLAP=overlap)
+ * and reads the final checkpoint its summary names into *ck. */
+static void train_to_checkpoint(const char *overlap, omv_checkpoint_t *ck)
+{
+    static char json[65536];
+    setenv("OMNIVORE_OVERLAP", overlap, 1);
+    int rc = run_ctl(json, sizeof(json), "");
+    unsetenv("OMNIVORE_OVERLAP");
+    ck_assert_msg(rc == 0 && has_text(json, "\"state\":\"done\""), "run: %d %s", rc, json);
+    const char *at = strstr(json, "\"checkpoint\":\"");
+    ck_assert_msg(at != NULL, "no checkpoint in the summary: %s", json);
+    char path[1024], err[OMV_CHECKPOINT_ERR_MAX];
+    at += strlen("\"checkpoint\":\"");
+    size_t n = strcspn(at, "\"");
+    ck_assert(n < sizeof(path));
+    memcpy(path, at, n);
+    path[n] = '\0';
+    ck_assert_msg(omv_checkpoint_read(ck, path, err) == 0, "%s", err);
+    ck_assert_msg(ck->finished, "%s is not the finished job's checkpoint", path);
+}
+
+START_TEST(test_overlap_bit_identical)
+{
+    /* Overlap (a shard's gradient pushed as soon as backward has it, a layer begun as soon as
+     * its shards came, the next pull sent before this step's pushes and answered shard by shard
+     * as the daemon applies them) changes when bytes move, never what is computed: in a
+     * synchronous group the same seed gives the same parameters and momentum, bit for bit, as
+     * the serial order. A model of conv and fc layers in 4 shards along its layers. */
+    char model[700];
+    snprintf(model, sizeof(model), "%s/mixed.model", test_dir);
+    FILE *f = fopen(model, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n", f);
+    fclose(f);
+    model_section = "definition = mixed.model";
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4");
+    model_section = "layers = 64 32 4";
+    omv_checkpoint_t serial, overlapped;
+    train_to_checkpoint("0", &serial);
+    train_to_checkpoint("1", &overlapped);
+    ck_assert_uint_eq(serial.param_count, overlapped.param_count);
+    ck_assert_uint_eq(serial.steps_total, overlapped.steps_total);
+    ck_assert_uint_eq(serial.images_total, overlapped.images_total);
+    size_t bytes = serial.param_count * sizeof(float);
+    ck_assert_msg(memcmp(serial.params, overlapped.params, bytes) == 0,
+                  "the parameters differ with overlap");
+    ck_assert_msg(memcmp(serial.velocity, overlapped.velocity, bytes) == 0,
+                  "the momentum differs with overlap");
+    omv_checkpoint_fini(&serial);
+    omv_checkpoint_fini(&overlapped);
 }
 END_TEST
 
@@ -471,6 +525,7 @@ int main(void)
     tcase_add_test(tc, test_train_cnn);
     tcase_add_test(tc, test_train_bf16);
     tcase_add_test(tc, test_train_uneven);
+    tcase_add_test(tc, test_overlap_bit_identical);
     tcase_add_test(tc, test_train_groups_lockstep);
     tcase_add_test(tc, test_train_groups_unbounded);
     tcase_add_test(tc, test_broken_job_file);

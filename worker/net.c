@@ -43,6 +43,7 @@ struct omv_net {
     const float *params, *x;
     const uint8_t *labels;
     float *grad;
+    const omv_net_hooks_t *hooks; /* part 0's, with one part; else NULL */
     /* Step hand-off: gen counts steps started; pending counts parts still running. */
     pthread_mutex_t mu;
     pthread_cond_t go, finished;
@@ -196,7 +197,11 @@ static void forward(part_t *p, const float *x, bool train)
     double *seconds = p == &net->parts[0] ? net->seconds : NULL;
     const float *in = x;
     uint32_t n = net->layout.n_layers, batch = p->count;
+    const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
     for (uint32_t i = 0; i < n; i++) {
+        const omv_model_layer_t *spec = &net->layout.layers[i];
+        if (hooks && spec->w_count + spec->b_count > 0)
+            hooks->need(hooks->ctx, spec->b_offset + spec->b_count);
         double t0 = seconds ? omv_time_s() : 0.0;
         omv_layer_forward(&p->layers[i], net->params, in, batch, train, &p->rng);
         if (seconds)
@@ -259,6 +264,9 @@ static void part_train(part_t *p, uint32_t batch)
         omv_layer_backward(&p->layers[i], net->params, in, din, p->count, grad);
         if (seconds)
             seconds[i] += omv_time_s() - t0;
+        const omv_model_layer_t *spec = &net->layout.layers[i];
+        if (net->hooks && p == &net->parts[0] && spec->w_count + spec->b_count > 0)
+            net->hooks->ready(net->hooks->ctx, spec->w_offset);
     }
 }
 
@@ -359,7 +367,20 @@ static void run_parts(omv_net_t *self, int job, const float *params, const float
 float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
                          const uint8_t *labels, uint32_t batch, float *grad)
 {
+    return omv_net_train_step_hooked(self, params, x, labels, batch, grad, NULL);
+}
+
+float omv_net_train_step_hooked(omv_net_t *self, const float *params, const float *x,
+                                const uint8_t *labels, uint32_t batch, float *grad,
+                                const omv_net_hooks_t *hooks)
+{
+    size_t count = self->layout.param_count;
+    bool per_layer = hooks && self->n_parts == 1;
+    if (hooks && !per_layer)
+        hooks->need(hooks->ctx, count);
+    self->hooks = per_layer ? hooks : NULL;
     run_parts(self, JOB_TRAIN, params, x, labels, batch, grad);
+    self->hooks = NULL;
     double loss = 0.0;
     for (uint32_t i = 0; i < self->n_parts; i++)
         loss += self->parts[i].loss_sum;
@@ -371,6 +392,11 @@ float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
             for (size_t i = 0; i < n; i++)
                 grad[i] += g[i];
         }
+    }
+    if (hooks) {
+        /* Layers without parameters at either end: the whole vector is read and final. */
+        hooks->need(hooks->ctx, count);
+        hooks->ready(hooks->ctx, 0);
     }
     return (float)(loss / batch);
 }

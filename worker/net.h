@@ -35,6 +35,26 @@ void omv_net_seed(omv_net_t *self, uint64_t seed);
 float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
                          const uint8_t *labels, uint32_t batch, float *grad);
 
+/* What a training step tells its caller while it runs, so that communication overlaps it.
+ * need(ctx, end) comes before a layer's forward reads parameters: params[0, end) must hold the
+ * step's values when it returns (the caller may still be receiving the rest). ready(ctx, from)
+ * comes when grad[from, param_count) is final (after each layer's backward, the last layers
+ * first): that part may be sent while backward goes on. Both come with nondecreasing end and
+ * nonincreasing from; the last need has end = param_count, the last ready from = 0. With more
+ * than one thread the step needs every parameter before it starts and the gradient is final
+ * only when the parts are summed: one need and one ready. */
+typedef struct {
+    void (*need)(void *ctx, size_t end);
+    void (*ready)(void *ctx, size_t from);
+    void *ctx;
+} omv_net_hooks_t;
+
+/* omv_net_train_step, telling hooks (which may be NULL) as it goes. What it computes is the
+ * same, bit for bit. */
+float omv_net_train_step_hooked(omv_net_t *self, const float *params, const float *x,
+                                const uint8_t *labels, uint32_t batch, float *grad,
+                                const omv_net_hooks_t *hooks);
+
 /* Forward only (dropout off): counts correct top-1 predictions and sums the loss. */
 void omv_net_evaluate(omv_net_t *self, const float *params, const float *x, const uint8_t *labels,
                       uint32_t batch, uint32_t *ret_correct, double *ret_loss_sum);

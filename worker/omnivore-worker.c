@@ -39,6 +39,11 @@ static void usage(FILE *out)
             "                          a slower device in experiments and tests (default 0)\n"
             "      --slowdown X        take X times the compute time of every step (X >= 1),\n"
             "                          as a device X times slower would (default 1)\n"
+            "      --no-overlap        pull, compute, then push, one after another (by default\n"
+            "                          a shard's gradient goes out as soon as backward has it,\n"
+            "                          a layer begins as soon as its shards have come, and the\n"
+            "                          next step's pull goes before this step's pushes);\n"
+            "                          OMNIVORE_OVERLAP=0 in the environment does the same\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
@@ -138,6 +143,9 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
             return 2;
         }
         return -1;
+    case 'O':
+        cfg->no_overlap = 1;
+        return -1;
     case 'l':
         if (omv_log_set_level_name(arg) < 0) {
             fprintf(stderr,
@@ -173,6 +181,7 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
         {"step-delay-ms", required_argument, NULL, 'D'},
         {"slowdown", required_argument, NULL, 'X'},
         {"name", required_argument, NULL, 'n'},
+        {"no-overlap", no_argument, NULL, 'O'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -202,6 +211,8 @@ int main(int argc, char **argv)
         .heartbeat_ms = 1000,
         .server_timeout_ms = 10000,
         .retry_ms = 300000,
+        /* OMNIVORE_OVERLAP=0 is --no-overlap for workers that others start (omnivorectl run). */
+        .no_overlap = getenv("OMNIVORE_OVERLAP") && strcmp(getenv("OMNIVORE_OVERLAP"), "0") == 0,
     };
     int rc = parse_args(argc, argv, &cfg);
     if (rc >= 0)

@@ -42,6 +42,12 @@ typedef struct {
     uint8_t *y;                        /* [batch] */
     uint32_t *order;                   /* [data.count] this epoch's permutation */
     uint8_t *got;                      /* [n_shards] which shards of the pull arrived */
+    uint8_t *pushed;                   /* [n_shards] which shards of the step went out */
+    uint32_t have;                     /* shards of the pull that arrived */
+    uint64_t asked, step;              /* the step asked for, and the one the daemon gave */
+    int pulled;                        /* the next step's pull went out */
+    int hook_err;                      /* what went wrong inside the engine's hooks */
+    double hook_s;                     /* time spent in the hooks this step (not computing) */
     uint32_t batch;                    /* images to compute this step (from the daemon) */
     uint64_t epoch;                    /* passes over our slice */
     uint32_t cursor;                   /* next position in order */
@@ -271,6 +277,7 @@ static int register_with_backoff(session_t *s, int64_t deadline_ms)
 static void release_engine(session_t *s)
 {
     free(s->got);
+    free(s->pushed);
     free(s->order);
     free(s->y);
     free(s->x);
@@ -278,6 +285,7 @@ static void release_engine(session_t *s)
     free(s->grad16);
     free(s->params);
     s->got = NULL;
+    s->pushed = NULL;
     s->order = NULL;
     s->y = NULL;
     s->x = NULL;
@@ -365,7 +373,9 @@ static int prepare(session_t *s, uint32_t batch)
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
     s->got = calloc(j->n_shards, 1);
-    if (!s->net || !s->params || !s->grad || !s->grad16 || !s->x || !s->y || !s->got) {
+    s->pushed = calloc(j->n_shards, 1);
+    if (!s->net || !s->params || !s->grad || !s->grad16 || !s->x || !s->y || !s->got ||
+        !s->pushed) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -441,72 +451,112 @@ static void next_batch(session_t *s, uint32_t batch)
     }
 }
 
-/* Pulls every shard of the parameters for step *step_p. The daemon's answer names the step to
- * compute, which may be later than asked (after a regroup, every group starts at a common
- * clock): *step_p gets it. Returns 0, WAIT_DONE, WAIT_LOST or a negative errno. A changed data
- * slice, batch or group in the reply takes effect before the step is computed. */
-static int pull(session_t *s, uint64_t *step_p)
+/* Asks for the parameters of step. */
+static int send_pull(session_t *s, uint64_t step)
 {
-    uint64_t asked = *step_p, step = 0;
-    int have_step = 0;
-    uint32_t group = s->group;
     omv_msg_t m = {.type = OMV_MSG_PULL};
     m.u.pull.worker_id = s->worker_id;
-    m.u.pull.step = asked;
-    int r = send_msg(s, &m, NULL);
-    if (r < 0)
-        return r;
+    m.u.pull.step = step;
+    return send_msg(s, &m, NULL);
+}
+
+/* Takes one shard of the parameters asked for into params. The first fixes the step and the
+ * batch; the others must agree. Returns 0 or -EPROTO. */
+static int take_params(session_t *s, const omv_params_t *p, uint32_t *batch)
+{
     const omv_jobspec_t *j = &s->job;
-    uint32_t slice_begin = s->slice_begin, slice_count = s->slice_count;
-    uint32_t batch = s->batch;
-    memset(s->got, 0, j->n_shards);
-    for (uint32_t have = 0; have < j->n_shards;) {
-        r = wait_msg(s, &m, 0);
+    if (s->have == 0)
+        s->step = p->step;
+    if (p->step != s->step || p->step < s->asked || p->shard >= j->n_shards || s->got[p->shard] ||
+        p->offset != j->shard_offsets[p->shard] ||
+        p->count != j->shard_offsets[p->shard + 1] - p->offset) {
+        omv_log_error("daemon sent parameters that do not fit: step %llu shard %u offset %u "
+                      "count %u (asked for step %llu)",
+                      (unsigned long long)p->step, p->shard, p->offset, p->count,
+                      (unsigned long long)s->asked);
+        return -EPROTO;
+    }
+    if (p->batch == 0 || p->batch > j->batch_size || (s->have > 0 && p->batch != *batch)) {
+        omv_log_error("daemon asks for a batch of %u images; this worker takes 1 to %u, the "
+                      "same for every shard of a step",
+                      p->batch, j->batch_size);
+        return -EPROTO;
+    }
+    size_t len;
+    const void *data = omv_link_payload(s->link, &len);
+    if (p->wire == OMV_WIRE_BF16)
+        omv_bf16_to_f32(s->params + p->offset, data, p->count);
+    else
+        memcpy(s->params + p->offset, data, len);
+    s->got[p->shard] = 1;
+    s->have++;
+    *batch = p->batch;
+    return 0;
+}
+
+/* Waits for the next shard of the pull under way. Returns 0, WAIT_DONE, WAIT_LOST or a
+ * negative errno; *ret (may be NULL) gets the Params. */
+static int recv_shard(session_t *s, omv_params_t *ret)
+{
+    for (;;) {
+        omv_msg_t m;
+        int r = wait_msg(s, &m, 0);
         if (r != 0)
             return r;
         if (m.type != OMV_MSG_PARAMS) {
             omv_log_warn("ignoring %s while waiting for parameters", omv_msg_name(m.type));
             continue;
         }
-        const omv_params_t *p = &m.u.params;
-        if (!have_step) {
-            step = p->step;
-            have_step = 1;
-        }
-        if (p->step != step || p->step < asked || p->shard >= j->n_shards || s->got[p->shard] ||
-            p->offset != j->shard_offsets[p->shard] ||
-            p->count != j->shard_offsets[p->shard + 1] - p->offset) {
-            omv_log_error("daemon sent parameters that do not fit: step %llu shard %u offset %u "
-                          "count %u (asked for step %llu)",
-                          (unsigned long long)p->step, p->shard, p->offset, p->count,
-                          (unsigned long long)asked);
-            return -EPROTO;
-        }
-        size_t len;
-        const void *data = omv_link_payload(s->link, &len);
-        if (p->wire == OMV_WIRE_BF16)
-            omv_bf16_to_f32(s->params + p->offset, data, p->count);
-        else
-            memcpy(s->params + p->offset, data, len);
-        s->got[p->shard] = 1;
-        s->group = p->group;
-        if (p->slice_count > 0) {
-            slice_begin = p->slice_begin;
-            slice_count = p->slice_count;
-        }
-        if (p->batch == 0 || p->batch > j->batch_size) {
-            omv_log_error("daemon asks for a batch of %u images; this worker takes 1 to %u",
-                          p->batch, j->batch_size);
-            return -EPROTO;
-        }
-        batch = p->batch;
-        have++;
+        uint32_t batch = s->batch;
+        r = take_params(s, &m.u.params, &batch);
+        if (r == 0 && ret)
+            *ret = m.u.params;
+        return r;
     }
-    if (batch != s->batch && s->batch != 0)
+}
+
+/* Receives shards until params[0, end) hold the step's values. Returns as recv_shard. */
+static int await_params(session_t *s, size_t end)
+{
+    const omv_jobspec_t *j = &s->job;
+    for (uint32_t sh = 0; sh < j->n_shards && j->shard_offsets[sh] < end; sh++)
+        while (!s->got[sh]) {
+            int r = recv_shard(s, NULL);
+            if (r != 0)
+                return r;
+        }
+    return 0;
+}
+
+/* Waits for the first shard of the parameters asked for step *step_p. The daemon's answer names
+ * the step to compute, which may be later than asked (after a regroup, every group starts at a
+ * common clock): *step_p gets it. A changed data slice, batch or group in it takes effect for
+ * this step; the other shards follow (await_params). Returns 0, WAIT_DONE, WAIT_LOST or a
+ * negative errno. */
+static int begin_step(session_t *s, uint64_t *step_p)
+{
+    uint32_t group = s->group;
+    s->asked = *step_p;
+    s->have = 0;
+    memset(s->got, 0, s->job.n_shards);
+    memset(s->pushed, 0, s->job.n_shards);
+    s->pulled = 0;
+    omv_params_t p;
+    int r = recv_shard(s, &p);
+    if (r != 0)
+        return r;
+    uint64_t step = p.step;
+    s->group = p.group;
+    uint32_t slice_begin = s->slice_begin, slice_count = s->slice_count;
+    if (p.slice_count > 0) {
+        slice_begin = p.slice_begin;
+        slice_count = p.slice_count;
+    }
+    if (p.batch != s->batch && s->batch != 0)
         omv_log_info("worker %u: %u images a step now (the group's members changed)", s->worker_id,
-                     batch);
-    int reseek = batch != s->batch;
-    s->batch = batch;
+                     p.batch);
+    int reseek = p.batch != s->batch;
+    s->batch = p.batch;
     if (slice_begin != s->slice_begin || slice_count != s->slice_count) {
         omv_log_info("worker %u: data slice is now images [%u, %u)", s->worker_id, slice_begin,
                      slice_begin + slice_count);
@@ -518,7 +568,7 @@ static int pull(session_t *s, uint64_t *step_p)
     if (s->group != group)
         omv_log_info("worker %u: now in group %u from step %llu", s->worker_id, s->group,
                      (unsigned long long)step);
-    if (reseek || step != asked)
+    if (reseek || step != s->asked)
         seek_step(s, step, s->batch);
     *step_p = step;
     return 0;
@@ -542,24 +592,109 @@ static void slow_down(session_t *s)
         ;
 }
 
-/* Pushes the gradient of step, shard by shard, as the job's wire asks. */
-static int push(session_t *s, uint64_t step, float loss, float ms)
+/* Pushes shard sh of the step's gradient, as the job's wire asks; loss and ms go with it (the
+ * daemon reads them from shard 0's). */
+static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
 {
     const omv_jobspec_t *j = &s->job;
+    uint32_t off = j->shard_offsets[sh], count = j->shard_offsets[sh + 1] - off;
     omv_msg_t m = {.type = OMV_MSG_PUSH};
-    for (uint32_t sh = 0; sh < j->n_shards; sh++) {
-        uint32_t off = j->shard_offsets[sh], count = j->shard_offsets[sh + 1] - off;
-        m.u.push = (omv_push_t){s->worker_id, step, sh, off, count, loss, s->batch, ms, j->wire};
-        const void *values = s->grad + off;
-        if (j->wire == OMV_WIRE_BF16) {
-            omv_bf16_from_f32(s->grad16 + off, s->grad + off, count);
-            values = s->grad16 + off;
-        }
-        int r = send_msg(s, &m, values);
-        if (r < 0)
-            return r;
+    m.u.push = (omv_push_t){s->worker_id, s->step, sh, off, count, loss, s->batch, ms, j->wire};
+    const void *values = s->grad + off;
+    if (j->wire == OMV_WIRE_BF16) {
+        omv_bf16_from_f32(s->grad16 + off, s->grad + off, count);
+        values = s->grad16 + off;
     }
+    s->pushed[sh] = 1;
+    return send_msg(s, &m, values);
+}
+
+/* Pushes, last first, every shard not pushed yet that starts at or after from, but shard 0:
+ * it carries the step's loss and time, and goes last (push_rest). */
+static int push_from(session_t *s, size_t from)
+{
+    for (uint32_t sh = s->job.n_shards; sh-- > 1;)
+        if (!s->pushed[sh] && s->job.shard_offsets[sh] >= from) {
+            int r = push_shard(s, sh, 0.0f, 0.0f);
+            if (r < 0)
+                return r;
+        }
     return 0;
+}
+
+/* Pushes every shard not pushed yet, shard 0 last. */
+static int push_rest(session_t *s, float loss, float ms)
+{
+    int r = push_from(s, 0);
+    return r < 0 ? r : push_shard(s, 0, loss, ms);
+}
+
+/* The engine's hooks (worker/net.h): a layer waits only for its own shards, and a shard's
+ * gradient goes out as soon as backward has finished it. The next step's pull goes before the
+ * first push: the daemon answers it shard by shard as it applies this step's, so what we read
+ * is unchanged (every shard comes once this step's update, ours in it, is applied). */
+static void hook_need(void *ctx, size_t end)
+{
+    session_t *s = ctx;
+    double t0 = omv_time_s();
+    if (s->hook_err == 0)
+        s->hook_err = await_params(s, end);
+    s->hook_s += omv_time_s() - t0;
+}
+
+/* Asks for the next step's parameters, once a step. */
+static int pull_next(session_t *s)
+{
+    if (s->pulled)
+        return 0;
+    s->pulled = 1;
+    return send_pull(s, s->step + 1);
+}
+
+static void hook_ready(void *ctx, size_t from)
+{
+    session_t *s = ctx;
+    double t0 = omv_time_s();
+    if (s->hook_err == 0 && s->have == s->job.n_shards) {
+        s->hook_err = pull_next(s);
+        if (s->hook_err == 0)
+            s->hook_err = push_from(s, from);
+    }
+    s->hook_s += omv_time_s() - t0;
+}
+
+/* One step with communication overlapping it. Returns 0, WAIT_* or a negative errno. */
+static int overlapped_step(session_t *s)
+{
+    const omv_net_hooks_t hooks = {hook_need, hook_ready, s};
+    s->hook_err = 0;
+    s->hook_s = 0.0;
+    double t0 = omv_time_s();
+    float loss =
+        omv_net_train_step_hooked(s->net, s->params, s->x, s->y, s->batch, s->grad, &hooks);
+    if (s->hook_err != 0)
+        return s->hook_err;
+    /* What the step took to compute, without waiting for shards and sending gradients. */
+    float ms = (float)((omv_time_s() - t0 - s->hook_s) * 1000.0);
+    int r = pull_next(s);
+    return r < 0 ? r : push_rest(s, loss, ms);
+}
+
+/* One step in the serial order: every shard, compute, every push, then the next pull. */
+static int serial_step(session_t *s)
+{
+    int r = await_params(s, s->job.param_count);
+    if (r != 0)
+        return r;
+    double t0 = omv_time_s();
+    float loss = omv_net_train_step(s->net, s->params, s->x, s->y, s->batch, s->grad);
+    if (s->cfg->slowdown > 1.0)
+        sleep_s((s->cfg->slowdown - 1.0) * (omv_time_s() - t0), s->stop);
+    if (s->cfg->delay_max_ms > 0)
+        slow_down(s);
+    float ms = (float)((omv_time_s() - t0) * 1000.0);
+    r = push_rest(s, loss, ms);
+    return r < 0 ? r : pull_next(s);
 }
 
 static int train(session_t *s)
@@ -581,22 +716,17 @@ static int train(session_t *s)
     omv_log_info("worker %u in group %u from step %llu: images [%u, %u), at most %u a step",
                  s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
                  s->slice_begin + s->slice_count, batch);
-    for (uint64_t step = s->start_step;; step++) {
-        r = pull(s, &step);
+    /* A slower device is emulated after the compute: its pushes wait for the delay. */
+    int overlap = !s->cfg->no_overlap && s->cfg->slowdown <= 1.0 && s->cfg->delay_max_ms <= 0;
+    r = send_pull(s, s->start_step);
+    for (uint64_t step = s->start_step; r == 0; step++) {
+        r = begin_step(s, &step);
         if (r != 0)
             return r;
         next_batch(s, s->batch);
-        double t0 = omv_time_s();
-        float loss = omv_net_train_step(s->net, s->params, s->x, s->y, s->batch, s->grad);
-        if (s->cfg->slowdown > 1.0)
-            sleep_s((s->cfg->slowdown - 1.0) * (omv_time_s() - t0), s->stop);
-        if (s->cfg->delay_max_ms > 0)
-            slow_down(s);
-        float ms = (float)((omv_time_s() - t0) * 1000.0);
-        r = push(s, step, loss, ms);
-        if (r < 0)
-            return r;
+        r = overlap ? overlapped_step(s) : serial_step(s);
     }
+    return r;
 }
 
 static int evaluate(session_t *s)
