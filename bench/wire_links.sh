@@ -4,12 +4,15 @@
 # Fashion-MNIST MLP with 64 images per worker in one synchronous group, and PyTorch DDP with one
 # rank per worker host on the same links, batch and data (when python3-torch is there). For each
 # link rate, the median of RUNS runs: images/s and the final test accuracy. Needs root (skips
-# otherwise). Usage: bench/wire_links.sh [BUILD_DIR]   (RUNS, RATES, LIMIT, EPOCHS from the
-# environment)
+# otherwise). Usage: bench/wire_links.sh [BUILD_DIR]   (RUNS, RATES, LIMIT, EPOCHS, WIRES from
+# the environment, and SHARDS for the job's [cluster] shards; BEFORE=OTHER_BUILD_DIR adds that build's bf16 run, as "before", interleaved)
 set -eu
 build=${1:-build}
 RUNS=${RUNS:-3} RATES=${RATES:-"unshaped 1gbit 200mbit"} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2}
-daemon=$build/server/omnivored worker=$build/worker/omnivore-worker ctl=$build/server/omnivorectl
+WIRES=${WIRES:-"fp32 bf16"} BEFORE=${BEFORE:-} SHARDS=${SHARDS:-2}
+ctl=$build/server/omnivorectl
+cases=$WIRES
+[ -z "$BEFORE" ] || cases="$cases before"
 data=/usr/share/datasets/fashion-mnist
 [ "$(id -u)" -eq 0 ] || { echo "skipped: needs root for network namespaces"; exit 0; }
 [ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "skipped: no $data"; exit 0; }
@@ -63,12 +66,15 @@ shape() { # shape RATE: tbf on both ends of each worker host's link
 }
 on() { ns=$1 log=$2; shift 2; ip netns exec "$ns" "$@" >"$log" 2>&1 & pids="$pids $!"; }
 val() { sed -n "s/^$1://p" "$tmp/status" | head -1; }
-one_run() { # one_run WIRE: prints "images_per_second test_accuracy"
+one_run() { # one_run WIRE|before: prints "images_per_second test_accuracy"
+    b=$build
+    [ "$1" != before ] || { b=$BEFORE; set -- bf16; }
+    daemon=$b/server/omnivored worker=$b/worker/omnivore-worker
     sock=$tmp/c.sock
     rm -rf "$tmp/state" && mkdir "$tmp/state"
     on "$ns_head" "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
         --endpoint tcp://10.78.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
-        --log-level warn --set cluster.wire="$1" --set train.batch_size=128 \
+        --log-level warn --set cluster.wire="$1" --set cluster.shards="$SHARDS" --set train.batch_size=128 \
         --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" --set eval.every_epochs=0
     n=0
     until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
@@ -107,12 +113,13 @@ printf '%-10s %-6s %12s %10s\n' link wire images/s accuracy
 json="{"
 for RATE in $RATES; do
     shape
-    : >"$tmp/fp32" && : >"$tmp/bf16" && : >"$tmp/ddp"
+    : >"$tmp/ddp"
+    for w in $cases; do : >"$tmp/$w"; done
     for r in $(seq "$RUNS"); do
-        for w in fp32 bf16; do one_run $w >>"$tmp/$w"; done
+        for w in $cases; do one_run $w >>"$tmp/$w"; done
         [ $have_ddp = 0 ] || ddp_run >>"$tmp/ddp"
     done
-    for w in fp32 bf16; do
+    for w in $cases; do
         ips=$(cut -d' ' -f1 "$tmp/$w" | median) acc=$(cut -d' ' -f2 "$tmp/$w" | median)
         printf '%-10s %-6s %12s %10s\n' "$RATE" "$w" "$ips" "$acc"
         json="$json\"${RATE}_$w\":{\"images_per_second\":$ips,\"test_accuracy\":$acc},"
