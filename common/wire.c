@@ -64,9 +64,9 @@ uint32_t omv_wire_payload_count(const omv_msg_t *msg)
 {
     switch (msg->type) {
     case OMV_MSG_PARAMS:
-        return msg->u.params.count;
+        return msg->u.params.wire == OMV_WIRE_SHM ? 0 : msg->u.params.count;
     case OMV_MSG_PUSH:
-        return msg->u.push.count;
+        return msg->u.push.wire == OMV_WIRE_SHM ? 0 : msg->u.push.count;
     case OMV_MSG_EVAL_REQUEST:
         return msg->u.eval_request.count;
     default:
@@ -155,6 +155,8 @@ static Omnivore__Welcome *encode_welcome(const omv_welcome_t *w, Omnivore__Welco
     out->group = w->group;
     out->start_step = w->start_step;
     out->idle = w->idle != 0;
+    out->shm_socket = (char *)w->shm_socket;
+    out->shm_token = w->shm_token;
     if (!w->idle) {
         encode_jobspec(&w->job, job);
         out->job = job;
@@ -365,6 +367,10 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.welcome.group = env->welcome->group;
         m->u.welcome.start_step = env->welcome->start_step;
         m->u.welcome.idle = env->welcome->idle;
+        m->u.welcome.shm_token = env->welcome->shm_token;
+        if (copy_str(m->u.welcome.shm_socket, sizeof(m->u.welcome.shm_socket),
+                     env->welcome->shm_socket, "shm_socket", why) < 0)
+            return -EPROTO;
         if (m->u.welcome.idle)
             return 0;
         return decode_jobspec(env->welcome->job, &m->u.welcome.job, why);
@@ -374,16 +380,16 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         return 0;
     case OMNIVORE__ENVELOPE__BODY_PARAMS: {
         const Omnivore__Params *p = env->params;
-        if (p->wire > OMV_WIRE_BF16)
-            FAIL("parameters' wire %u is not fp32 (0) or bf16 (1)", p->wire);
+        if (p->wire > OMV_WIRE_SHM)
+            FAIL("parameters' wire %u is not fp32 (0), bf16 (1) or shm (2)", p->wire);
         m->u.params = (omv_params_t){p->step,        p->shard,       p->offset, p->count, p->group,
                                      p->slice_begin, p->slice_count, p->batch,  p->wire};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {
         const Omnivore__Push *p = env->push;
-        if (p->wire > OMV_WIRE_BF16)
-            FAIL("gradient's wire %u is not fp32 (0) or bf16 (1)", p->wire);
+        if (p->wire > OMV_WIRE_SHM)
+            FAIL("gradient's wire %u is not fp32 (0), bf16 (1) or shm (2)", p->wire);
         m->u.push = (omv_push_t){p->worker_id, p->step,    p->shard,      p->offset, p->count,
                                  p->loss,      p->samples, p->compute_ms, p->wire};
         return 0;

@@ -16,8 +16,12 @@
 #define OMV_WIRE_MAX_SHARDS 256
 #define OMV_WIRE_REASON_MAX 256
 
-/* How parameters and gradients travel ([cluster] wire): the daemon keeps fp32 either way. */
-enum { OMV_WIRE_FP32 = 0, OMV_WIRE_BF16 = 1 };
+/* How parameters and gradients travel ([cluster] wire): the daemon keeps fp32 either way.
+ * OMV_WIRE_SHM (Params and Push only): the fp32 values are in the worker's shared segments
+ * (common/shm.h) at the message's offset, and no payload frame follows. */
+enum { OMV_WIRE_FP32 = 0, OMV_WIRE_BF16 = 1, OMV_WIRE_SHM = 2 };
+/* The name of a daemon's shared-memory socket (abstract, so per network namespace). */
+#define OMV_WIRE_SHM_NAME_MAX 96
 
 typedef enum {
     OMV_MSG_NONE = 0,
@@ -97,6 +101,10 @@ typedef struct {
     omv_jobspec_t job; /* unset when idle */
     uint64_t start_step;
     int idle; /* registered, but the daemon has no job now */
+    /* Where a trainer on the daemon's host (and network namespace) can ask for shared
+     * segments (common/shm.h), and the token that proves it is this worker; empty: none. */
+    char shm_socket[OMV_WIRE_SHM_NAME_MAX];
+    uint64_t shm_token;
 } omv_welcome_t;
 
 typedef struct {

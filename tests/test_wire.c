@@ -10,6 +10,7 @@
 #include "bf16.h"
 #include "wire.h"
 #include "testutil.h"
+#include "util.h"
 
 #define BUF_CAP 16384
 
@@ -208,26 +209,60 @@ START_TEST(test_payload_count)
 }
 END_TEST
 
+START_TEST(test_shm_wire)
+{
+    /* Values in shared memory: no payload frame, for parameters and gradients alike; a
+     * Welcome's offer of segments comes through whole. */
+    uint8_t buf[BUF_CAP];
+    char why[OMV_WIRE_REASON_MAX];
+    omv_msg_t d, m = samples[2];
+    m.u.params.wire = OMV_WIRE_SHM;
+    ck_assert_uint_eq(omv_wire_payload_count(&m), 0);
+    ck_assert_uint_eq(omv_wire_payload_bytes(&m), 0);
+    size_t len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_uint_eq(d.u.params.wire, OMV_WIRE_SHM);
+    ck_assert_uint_eq(d.u.params.count, m.u.params.count);
+    m = samples[3];
+    m.u.push.wire = OMV_WIRE_SHM;
+    ck_assert_uint_eq(omv_wire_payload_count(&m), 0);
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_uint_eq(d.u.push.wire, OMV_WIRE_SHM);
+    make_welcome(&m);
+    omv_strlcpy(m.u.welcome.shm_socket, "omnivore-shm-42-00ff", sizeof(m.u.welcome.shm_socket));
+    m.u.welcome.shm_token = 0x0123456789abcdefULL;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_str_eq(d.u.welcome.shm_socket, "omnivore-shm-42-00ff");
+    ck_assert(d.u.welcome.shm_token == 0x0123456789abcdefULL);
+    make_welcome(&m);
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_str_eq(d.u.welcome.shm_socket, ""); /* none offered */
+}
+END_TEST
+
 START_TEST(test_unknown_wire_refused)
 {
     /* A wire the decoder does not know is refused with a reason, for every carrier. */
     uint8_t buf[BUF_CAP];
     char why[OMV_WIRE_REASON_MAX];
     omv_msg_t d, m = samples[2];
-    m.u.params.wire = 2;
+    m.u.params.wire = 3;
     size_t len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
-    ck_assert_msg(strstr(why, "wire 2") != NULL, "%s", why);
+    ck_assert_msg(strstr(why, "wire 3") != NULL, "%s", why);
     m = samples[3];
     m.u.push.wire = 7;
     len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
     ck_assert_msg(strstr(why, "wire 7") != NULL, "%s", why);
     make_welcome(&m);
-    m.u.welcome.job.wire = 3;
+    m.u.welcome.job.wire = OMV_WIRE_SHM; /* how a worker's values travel, not a job's setting */
     len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
-    ck_assert_msg(strstr(why, "wire 3") != NULL, "%s", why);
+    ck_assert_msg(strstr(why, "wire 2") != NULL, "%s", why);
     make_welcome(&m);
     m.u.welcome.job.wire = OMV_WIRE_BF16;
     len = encode_ok(&m, buf);
@@ -576,6 +611,7 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_other_messages_round_trip);
     tcase_add_test(tc, test_payload_count);
     tcase_add_test(tc, test_unknown_wire_refused);
+    tcase_add_test(tc, test_shm_wire);
     tcase_add_test(tc, test_bf16_rounding);
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_encode_too_small);

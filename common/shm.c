@@ -1,0 +1,185 @@
+/* Shared segments over an abstract unix socket (see shm.h). */
+#define _GNU_SOURCE
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* An abstract address: sun_path[0] is NUL, the name follows (not NUL-terminated). */
+static socklen_t abstract_addr(struct sockaddr_un *a, const char *name)
+{
+    memset(a, 0, sizeof(*a));
+    a->sun_family = AF_UNIX;
+    size_t n = strnlen(name, sizeof(a->sun_path) - 1);
+    memcpy(a->sun_path + 1, name, n);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+int omv_shm_listen(char *name)
+{
+    uint64_t nonce = 0;
+    if (getrandom(&nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce))
+        nonce = (uint64_t)omv_time_ms() ^ ((uint64_t)getpid() << 32);
+    snprintf(name, OMV_WIRE_SHM_NAME_MAX, "omnivore-shm-%d-%016llx", (int)getpid(),
+             (unsigned long long)nonce);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    struct sockaddr_un a;
+    socklen_t len = abstract_addr(&a, name);
+    if (bind(fd, (struct sockaddr *)&a, len) != 0 || listen(fd, 64) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    return fd;
+}
+
+int omv_shm_create(size_t bytes, const char *what, void **ret_map)
+{
+    int fd = memfd_create(what, MFD_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    void *map = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) == 0)
+        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    *ret_map = map;
+    return fd;
+}
+
+int omv_shm_send(int conn, int params_fd, int grads_fd, size_t bytes)
+{
+    omv_shm_answer_t ans = {bytes};
+    struct iovec iov = {&ans, sizeof(ans)};
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = {params_fd, grads_fd};
+    memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    return sendmsg(conn, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(ans) ? 0 : -errno;
+}
+
+/* Waits up to timeout_ms for conn to be readable. Returns 0 or -ETIMEDOUT / -errno. */
+static int wait_readable(int conn, int timeout_ms)
+{
+    struct pollfd p = {conn, POLLIN, 0};
+    int n = poll(&p, 1, timeout_ms);
+    return n > 0 ? 0 : n == 0 ? -ETIMEDOUT : -errno;
+}
+
+/* Receives the answer and its two fds. Returns 0 or a negative errno. */
+static int recv_answer(int conn, omv_shm_answer_t *ans, int *fds)
+{
+    struct iovec iov = {ans, sizeof(*ans)};
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    ssize_t n = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return -errno;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    if (n != (ssize_t)sizeof(*ans) || c == NULL || c->cmsg_type != SCM_RIGHTS ||
+        c->cmsg_len != CMSG_LEN(2 * sizeof(int))) {
+        if (c && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k && i < 2; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+                close(fd);
+            }
+        }
+        return n == 0 ? -ECONNRESET : -EPROTO;
+    }
+    memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+    return 0;
+}
+
+int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, int timeout_ms,
+                   void **ret_params, void **ret_grads, char *why)
+{
+    int conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (conn < 0)
+        return -errno;
+    struct sockaddr_un a;
+    socklen_t len = abstract_addr(&a, name);
+    int r = 0, fds[2] = {-1, -1};
+    omv_shm_answer_t ans;
+    const char *step = "";
+    if (connect(conn, (struct sockaddr *)&a, len) != 0) {
+        r = -errno;
+        step = "connect";
+    } else if (send(conn, hello, sizeof(*hello), MSG_NOSIGNAL) != (ssize_t)sizeof(*hello)) {
+        r = -errno;
+        step = "send";
+    } else if ((r = wait_readable(conn, timeout_ms)) < 0) {
+        step = "wait for the answer";
+    } else if ((r = recv_answer(conn, &ans, fds)) < 0) {
+        step = "receive";
+    } else if (ans.bytes != want) {
+        r = -EPROTO;
+        step = "size";
+    }
+    void *p = MAP_FAILED, *g = MAP_FAILED;
+    if (r == 0) {
+        step = "map";
+        p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+        g = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+        if (p == MAP_FAILED || g == MAP_FAILED)
+            r = -errno;
+    }
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (r < 0) {
+        if (p != MAP_FAILED)
+            munmap(p, want);
+        if (g != MAP_FAILED)
+            munmap(g, want);
+        close(conn);
+        if (r == -EPROTO && strcmp(step, "size") == 0)
+            snprintf(why, OMV_WIRE_REASON_MAX, "segments of %llu bytes, the model needs %zu",
+                     (unsigned long long)ans.bytes, want);
+        else
+            snprintf(why, OMV_WIRE_REASON_MAX, "%s: %s", step, omv_strerror(r));
+        return r;
+    }
+    *ret_params = p;
+    *ret_grads = g;
+    return conn;
+}
+
+void omv_shm_unmap(void *map, size_t bytes)
+{
+    if (map)
+        munmap(map, bytes);
+}

@@ -1,0 +1,48 @@
+/* Shared segments between omnivored and a trainer on its host: the daemon writes a pull's
+ * parameters straight into the worker's params segment and reads its gradients from its grads
+ * segment, with ZeroMQ carrying only the envelopes (wire OMV_WIRE_SHM). Both segments are
+ * memfds: they have no name anywhere, so nothing outlives the last process that maps them
+ * (a SIGKILLed worker leaves nothing behind), and they reach the worker only through an
+ * abstract unix socket of the daemon's (SCM_RIGHTS). Abstract sockets belong to a network
+ * namespace: a worker in another one (another host, as far as it can tell) cannot connect and
+ * keeps tcp. The connection stays open while the worker lives: the daemon sees it close when
+ * the worker's process goes, however it goes. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+/* What a worker sends first on the connection. */
+typedef struct {
+    uint32_t worker_id;
+    uint32_t pad;
+    uint64_t token;
+} omv_shm_hello_t;
+
+/* What the daemon answers, with the two memfds: params then grads, `bytes` each. */
+typedef struct {
+    uint64_t bytes;
+} omv_shm_answer_t;
+
+/* Daemon: listens on a fresh abstract socket; name[OMV_WIRE_SHM_NAME_MAX] gets its name as a
+ * Welcome carries it (without the leading NUL). Returns a nonblocking fd or a negative errno. */
+int omv_shm_listen(char *name);
+
+/* Daemon: makes a shared segment of bytes; *ret_map gets the daemon's mapping. Returns its fd or
+ * a negative errno. */
+int omv_shm_create(size_t bytes, const char *what, void **ret_map);
+
+/* Daemon: sends the answer and the two fds on conn. Returns 0 or a negative errno. */
+int omv_shm_send(int conn, int params_fd, int grads_fd, size_t bytes);
+
+/* Worker: connects to the daemon's socket name, says who it is and receives its segments,
+ * mapped (bytes each, which must be want). Waits up to timeout_ms. Returns the connection (keep
+ * it open while the segments are used) or a negative errno, with the reason in
+ * why[OMV_WIRE_REASON_MAX]. */
+int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, int timeout_ms,
+                   void **ret_params, void **ret_grads, char *why);
+
+/* Unmaps a segment of bytes (NULL: nothing). */
+void omv_shm_unmap(void *map, size_t bytes);
