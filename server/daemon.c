@@ -108,6 +108,11 @@ static void cron_reload(omv_daemon_t *d)
     }
 }
 
+static void cron_local(omv_daemon_t *d)
+{
+    omv_local_watch(d); /* a local worker's process that is gone is dead at once */
+}
+
 static void cron_notify(omv_daemon_t *d)
 {
     omv_status_notify(d); /* systemd's STATUS= line (rate-limited in notify.c) */
@@ -121,9 +126,8 @@ typedef struct {
 
 /* In this order, each when its period has passed. */
 static const cron_task_t cron_tasks[] = {
-    {"expire silent members", 100, cron_members},
-    {"the run's periodic work", 100, cron_run},
-    {"reload on SIGHUP", 100, cron_reload},
+    {"expire silent members", 100, cron_members}, {"workers on this host", 100, cron_local},
+    {"the run's periodic work", 100, cron_run},   {"reload on SIGHUP", 100, cron_reload},
     {"systemd status", 100, cron_notify},
 };
 
@@ -154,6 +158,7 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
         return NULL;
     d->cfg = *cfg;
     d->created_s = omv_time_s();
+    d->local.fd = -1;
     for (int i = 0; i < OMV_DAEMON_MAX_PENDING; i++)
         d->pending[i].id = -1;
     d->members = omv_members_new(OMV_MEMBERS_MAX);
@@ -168,6 +173,7 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
         goto fail;
     }
     omv_refusals_init(&d->refusals, d->router);
+    omv_local_open(&d->local);
     d->control = omv_control_new(cfg->control);
     if (d->control == NULL) {
         r = -errno;
@@ -208,6 +214,7 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
         omv_commands_abandon(d);
     omv_control_destroy(&d->control);
     omv_run_destroy(&d->run);
+    omv_local_close(&d->local);
     omv_router_destroy(&d->router);
     omv_jobs_destroy(&d->jobs);
     omv_members_destroy(&d->members);
@@ -248,11 +255,11 @@ static void say_goodbye(omv_daemon_t *d)
 /* One turn: waits for the sockets (at most until the next cron task), handles what came. */
 static int turn(omv_daemon_t *d, int64_t wait)
 {
-    int fds[1] = {omv_control_fd(d->control)};
-    short revents[1];
+    int fds[2] = {omv_control_fd(d->control), d->local.fd};
+    short revents[2] = {0, 0};
     int router_ready = 0, pipes_ready = 0;
-    int r = omv_router_poll(d->router, fds, 1, revents, &router_ready, &pipes_ready,
-                            wait > 0 ? (int)wait : 0);
+    int r = omv_router_poll(d->router, fds, d->local.fd >= 0 ? 2 : 1, revents, &router_ready,
+                            &pipes_ready, wait > 0 ? (int)wait : 0);
     if (r < 0 && r != -EINTR) {
         omv_log_error("poll failed: %s", omv_strerror(r));
         return r;
@@ -266,6 +273,8 @@ static int turn(omv_daemon_t *d, int64_t wait)
     }
     if (r > 0 && (revents[0] & POLLIN))
         omv_control_serve(d->control, omv_commands_dispatch, d);
+    if (r > 0 && (revents[1] & POLLIN))
+        omv_local_accept(d);
     return 0;
 }
 

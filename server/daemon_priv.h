@@ -9,6 +9,7 @@
 #include "control.h"
 #include "daemon.h"
 #include "jobs.h"
+#include "local.h"
 #include "members.h"
 #include "refusals.h"
 #include "router.h"
@@ -44,4 +45,6 @@ struct omv_daemon {
     uint64_t reloads_total, reloads_failed_total;
 
     omv_pending_ckpt_t pending[OMV_DAEMON_MAX_PENDING];
+
+    omv_local_t local; /* shared memory for the trainers on this host */
 };

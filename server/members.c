@@ -5,8 +5,10 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "shm.h"
 #include "util.h"
 
 omv_members_t *omv_members_new(uint32_t max)
@@ -29,9 +31,23 @@ void omv_members_destroy(omv_members_t **self_p)
     omv_members_t *self = *self_p;
     if (self == NULL)
         return;
+    for (uint32_t i = 0; i < self->n; i++)
+        omv_members_shm_release(&self->records[i]);
     free(self->records);
     free(self);
     *self_p = NULL;
+}
+
+void omv_members_shm_release(member_t *m)
+{
+    if (!m->shm_on)
+        return;
+    omv_shm_unmap(m->shm_params, m->shm_bytes);
+    omv_shm_unmap(m->shm_grads, m->shm_bytes);
+    close(m->shm_conn);
+    m->shm_on = 0;
+    m->shm_params = m->shm_grads = NULL;
+    m->shm_bytes = 0;
 }
 
 member_t *omv_members_get(omv_members_t *self, uint32_t id)
@@ -93,6 +109,7 @@ member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, cons
         return NULL;
     member_t *m = &self->records[index];
     omv_peer_t job_peer = between_jobs ? old->peer : (omv_peer_t){0};
+    omv_members_shm_release(m);
     memset(m, 0, sizeof(*m));
     m->job_peer = job_peer;
     m->used = 1;

@@ -43,6 +43,12 @@ typedef struct {
     double ms_per_image;  /* its compute time per image, averaged over recent steps */
     int served;           /* it was sent parameters at least once */
     uint64_t served_step; /* the step it was last sent parameters for */
+    /* A trainer on the daemon's host: its shared segments (common/shm.h), while shm_on. */
+    uint64_t shm_token; /* what its Welcome offered; 0: nothing offered */
+    int shm_on;
+    int shm_conn; /* the connection it got them on: it closes when the worker's process goes */
+    float *shm_params, *shm_grads;
+    size_t shm_bytes;
 } member_t;
 
 /* Ids are index + 1. Ids are not reused while never-used records remain, so a late message from
@@ -80,6 +86,10 @@ int omv_members_from_finished_job(const omv_members_t *self, const omv_peer_t *p
  * is taken. */
 member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, const omv_hello_t *h,
                                int idle, int *ret_rejoin);
+
+/* Unmaps a member's shared segments and closes their connection. Whoever calls it makes sure
+ * that no shard has a command in flight that points into them (omv_shardset_sync). */
+void omv_members_shm_release(member_t *m);
 
 /* Live trainers, and members that wait for a job. */
 int omv_members_live_trainers(const omv_members_t *self);

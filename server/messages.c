@@ -81,6 +81,7 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         return;
     }
     omv_run_join(d->run, m, rejoin, who, &w.u.welcome);
+    omv_local_offer(&d->local, m, &w.u.welcome);
     send_to(d, peer, &w);
     omv_run_joined(d->run);
 }

@@ -171,6 +171,8 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
     member_state_t was = m->state;
     m->state = why;
     m->parked = 0;
+    if (m->shm_on && omv_shardset_sync(r->shards) == 0)
+        omv_members_shm_release(m); /* else kept: a shard may still write into it */
     if (was != MEMBER_ALIVE)
         return; /* idle: in no job */
     if (m->role == OMV_ROLE_TRAINER) {
@@ -511,6 +513,7 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
         return m->sent_n == r->shards->n_shards;
     if (m->sent_n == 0)
         begin_serve(r, m, group, m->parked_step);
+    /* A worker on this host with its segments gets the values written into them. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
                            .group = group,
                            .step = m->parked_step,
@@ -518,7 +521,8 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
                            .slice_begin = m->slice_begin,
                            .slice_count = m->slice_count,
                            .batch = m->batch ? m->batch : 1,
-                           .wire = (uint32_t)r->job.wire};
+                           .wire = m->shm_on ? OMV_WIRE_SHM : (uint32_t)r->job.wire,
+                           .shm_dst = m->shm_on ? m->shm_params : NULL};
     omv_shardset_send(r->shards, s, &cmd, &m->peer, NULL);
     m->sent[s / 64] |= bit;
     m->sent_n++;
@@ -630,6 +634,11 @@ static int push_fits(omv_run_t *r, member_t *m, const omv_push_t *p, const char 
         omv_refusals_add(r->env.refusals, &m->peer, code, who, why);
         return 0;
     }
+    if (p->wire == OMV_WIRE_SHM && !m->shm_on) {
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_MALFORMED, who,
+                         "a gradient in shared memory from a worker that has no segment");
+        return 0;
+    }
     const omv_shard_t *sh = &r->shards->shards[p->shard];
     if (p->offset != sh->offset || p->count != sh->count) {
         snprintf(why, sizeof(why), "shard %u holds [%u, +%u) but the gradient is [%u, +%u)",
@@ -676,8 +685,11 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
      * back as a refusal and stays out of the sum. The step goes on either way. */
-    omv_payload_t payload;
-    omv_router_take_payload(r->env.router, &payload);
+    omv_payload_t payload, *pl = &payload;
+    if (p->wire == OMV_WIRE_SHM)
+        pl = NULL; /* the values are in its segment */
+    else
+        omv_router_take_payload(r->env.router, &payload);
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH,
                            .group = group,
                            .step = p->step,
@@ -685,8 +697,9 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .sgd = r->sgd,
                            .solo = omv_groups_live(r->groups, group) == 1,
                            .wire = p->wire,
-                           .weight = m->weight};
-    omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, &payload);
+                           .weight = m->weight,
+                           .shm_src = p->wire == OMV_WIRE_SHM ? m->shm_grads : NULL};
+    omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, pl);
     if (p->shard == 0)
         count_step(r, m, group, p);
     r->pushes_recorded_total++;
@@ -1169,6 +1182,9 @@ void omv_run_destroy(omv_run_t **self_p)
         if (r->env.members->records[i].state == MEMBER_ALIVE)
             r->env.members->records[i].state = MEMBER_DONE;
     omv_shardset_destroy(&r->shards);
+    /* Segments are the size of this job's model: the next job's workers get their own. */
+    for (uint32_t i = 0; i < r->env.members->n; i++)
+        omv_members_shm_release(&r->env.members->records[i]);
     omv_groups_destroy(&r->groups);
     omv_tuner_destroy(&r->tuner);
     omv_timeline_fini(&r->timeline);

@@ -200,6 +200,35 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
     omv_payload_close(payload);
 }
 
+/* A gradient in the worker's shared segment: checked and added from there, no copy (but when
+ * weighted). The worker writes it again only after it has the next step's parameters, which
+ * come after this is done (commands to a shard run in order). */
+static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
+                        size_t peer_len)
+{
+    omv_shard_t *sh = self->shard;
+    if (cmd->shm_src == NULL || cmd->group >= sh->n_groups)
+        return;
+    omv_shard_cmd_t fp32 = *cmd;
+    fp32.wire = OMV_WIRE_FP32;
+    const float *grad =
+        as_weighted_f32(self, &fp32, cmd->shm_src + sh->offset, sh->count * sizeof(float));
+    if (omv_all_finite(grad, sh->count))
+        add_gradient(self, cmd, grad, NULL);
+    else
+        reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
+}
+
+/* Parameters into the worker's shared segment; only the envelope goes out. */
+static void serve_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
+                      size_t peer_len, const uint8_t *env, size_t env_len)
+{
+    omv_shard_t *sh = self->shard;
+    memcpy(cmd->shm_dst + sh->offset, sh->params, sh->count * sizeof(float));
+    atomic_fetch_add_explicit(&self->serves, 1, memory_order_relaxed);
+    reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, NULL);
+}
+
 static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                      size_t peer_len)
 {
@@ -213,6 +242,11 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
     size_t env_len;
     if (omv_wire_encode(&m, env, sizeof(env), &env_len) < 0) {
         omv_log_error("shard %u cannot encode parameters", self->index);
+        return;
+    }
+    if (cmd->wire == OMV_WIRE_SHM) {
+        if (cmd->shm_dst)
+            serve_shm(self, cmd, peer, peer_len, env, env_len);
         return;
     }
     omv_payload_t payload;
@@ -252,7 +286,9 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
     omv_shard_t *sh = self->shard;
     switch (cmd->type) {
     case OMV_SHARD_CMD_PUSH:
-        if (payload) {
+        if (cmd->wire == OMV_WIRE_SHM) {
+            on_push_shm(self, cmd, peer, peer_len);
+        } else if (payload) {
             on_push(self, cmd, peer, peer_len, payload);
             payload = NULL;
         }

@@ -44,6 +44,9 @@ typedef struct {
                                                * NULL); the shard writes its range */
     const float *params_src, *velocity_src;   /* RESTORE: whole-model arrays it reads its
                                                * range from */
+    float *shm_dst;       /* SERVE with wire OMV_WIRE_SHM: the worker's params segment (whole
+                           * model), where the shard writes its range */
+    const float *shm_src; /* PUSH with wire OMV_WIRE_SHM: the worker's grads segment */
 } omv_shard_cmd_t;
 
 /* Replies, from the thread to the event loop. */

@@ -239,6 +239,12 @@ int omv_shardset_gather(omv_shardset_t *self, int velocity)
     return to_all_shards(self, &cmd);
 }
 
+int omv_shardset_sync(omv_shardset_t *self)
+{
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER}; /* copies nothing, acknowledges */
+    return to_all_shards(self, &cmd);
+}
+
 int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity)
 {
     omv_shard_cmd_t cmd = {

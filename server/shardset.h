@@ -56,6 +56,10 @@ void omv_shardset_drain(omv_shardset_t *self);
  * (gather_velocity): every update sent so far is in it. Returns 0 or a negative errno. */
 int omv_shardset_gather(omv_shardset_t *self, int velocity);
 
+/* Returns once every command sent so far has run on every shard (nothing in flight points
+ * into memory about to be freed). Returns 0 or a negative errno. */
+int omv_shardset_sync(omv_shardset_t *self);
+
 /* Puts params (and velocity, which may be NULL) back into the shards. Returns 0 or -errno. */
 int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity);
 

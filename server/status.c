@@ -101,6 +101,11 @@ static void section_cluster(const omv_daemon_t *d, const omv_run_t *r, int json,
     omv_kv_int(kv, "rejoins_total", (int64_t)ms->rejoins_total);
     omv_kv_int(kv, "leaves_total", (int64_t)ms->leaves_total);
     omv_kv_int(kv, "deaths_total", (int64_t)ms->deaths_total);
+    /* Trainers on this host that use shared memory now, and the segments' history. */
+    omv_kv_int(kv, "shm_workers", omv_local_in_use(d));
+    omv_kv_int(kv, "shm_attached_total", (int64_t)d->local.attached_total);
+    omv_kv_int(kv, "shm_gone_total", (int64_t)d->local.gone_total);
+    omv_kv_int(kv, "shm_refused_total", (int64_t)d->local.refused_total);
     omv_kv_int(kv, "evaluator_alive", r->eval.evaluator != 0);
     omv_kv_int(kv, "groups", r->job.groups);
     omv_kv_int(kv, "groups_now", omv_groups_count(r->groups));
@@ -198,6 +203,7 @@ static void worker_section(const omv_run_t *r, const member_t *m, uint32_t id, i
     omv_kv_int(kv, "group", group);
     omv_kv_int(kv, "step", m->served ? (int64_t)m->served_step : -1);
     omv_kv_int(kv, "batch", m->batch); /* images it was given for that step */
+    omv_kv_str(kv, "transport", m->shm_on ? "shm" : "tcp");
     omv_kv_int(kv, "steps", (int64_t)m->steps);
     omv_kv_int(kv, "images", (int64_t)m->images);
     /* Its images over its time in this job. */
