@@ -152,6 +152,8 @@ awk "BEGIN { exit !($acc >= $ACC_MIN) }" || { echo "FAIL: test_accuracy $acc < $
 for h in worker1 worker2; do
     grep -q "^host:$h$" "$tmp/workers" || fail "no worker from $h: $(cat "$tmp/workers")"
 done
+# Workers in other network namespaces cannot reach the daemon's shared-memory socket: tcp.
+grep -q "^transport:shm" "$tmp/workers" && fail "a worker in another namespace used shared memory"
 for ns in $ns_w1 $ns_w2; do
     tx=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes)
     [ "$tx" -gt 1000000 ] || { echo "FAIL: only $tx bytes left $ns"; exit 1; }

@@ -44,6 +44,9 @@ static void usage(FILE *out)
             "                          a layer begins as soon as its shards have come, and the\n"
             "                          next step's pull goes before this step's pushes);\n"
             "                          OMNIVORE_OVERLAP=0 in the environment does the same\n"
+            "      --no-shm            use the socket even on the daemon's host (by default a\n"
+            "                          trainer there exchanges parameters and gradients with it\n"
+            "                          through shared memory); OMNIVORE_SHM=0 does the same\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
@@ -146,6 +149,9 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     case 'O':
         cfg->no_overlap = 1;
         return -1;
+    case 'M':
+        cfg->no_shm = 1;
+        return -1;
     case 'l':
         if (omv_log_set_level_name(arg) < 0) {
             fprintf(stderr,
@@ -182,6 +188,7 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
         {"slowdown", required_argument, NULL, 'X'},
         {"name", required_argument, NULL, 'n'},
         {"no-overlap", no_argument, NULL, 'O'},
+        {"no-shm", no_argument, NULL, 'M'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
@@ -213,6 +220,7 @@ int main(int argc, char **argv)
         .retry_ms = 300000,
         /* OMNIVORE_OVERLAP=0 is --no-overlap for workers that others start (omnivorectl run). */
         .no_overlap = getenv("OMNIVORE_OVERLAP") && strcmp(getenv("OMNIVORE_OVERLAP"), "0") == 0,
+        .no_shm = getenv("OMNIVORE_SHM") && strcmp(getenv("OMNIVORE_SHM"), "0") == 0,
     };
     int rc = parse_args(argc, argv, &cfg);
     if (rc >= 0)

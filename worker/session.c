@@ -17,6 +17,7 @@
 #include "log.h"
 #include "net.h"
 #include "rng.h"
+#include "shm.h"
 #include "util.h"
 
 typedef struct {
@@ -37,20 +38,28 @@ typedef struct {
     uint32_t slice_begin, slice_count; /* the slice in data */
     float *params;                     /* [param_count] */
     float *grad;                       /* [param_count] */
-    uint16_t *grad16;                  /* [param_count] the gradient as bf16 travels */
-    float *x;                          /* [batch][inputs] */
-    uint8_t *y;                        /* [batch] */
-    uint32_t *order;                   /* [data.count] this epoch's permutation */
-    uint8_t *got;                      /* [n_shards] which shards of the pull arrived */
-    uint8_t *pushed;                   /* [n_shards] which shards of the step went out */
-    uint32_t have;                     /* shards of the pull that arrived */
-    uint64_t asked, step;              /* the step asked for, and the one the daemon gave */
-    int pulled;                        /* the next step's pull went out */
-    int hook_err;                      /* what went wrong inside the engine's hooks */
-    double hook_s;                     /* time spent in the hooks this step (not computing) */
-    uint32_t batch;                    /* images to compute this step (from the daemon) */
-    uint64_t epoch;                    /* passes over our slice */
-    uint32_t cursor;                   /* next position in order */
+    /* Shared segments with the daemon (common/shm.h), when it is on this host: it writes the
+     * parameters into shm_params and reads the gradient from shm_grads. */
+    int shm_conn; /* -1: none */
+    float *shm_params, *shm_grads;
+    size_t shm_bytes;
+    int shm_step;         /* this step's parameters came through them (and its gradient goes so) */
+    int shm_warned;       /* said once that the socket is used instead */
+    float *p, *g;         /* where this step's parameters and gradient are: the segments or ours */
+    uint16_t *grad16;     /* [param_count] the gradient as bf16 travels */
+    float *x;             /* [batch][inputs] */
+    uint8_t *y;           /* [batch] */
+    uint32_t *order;      /* [data.count] this epoch's permutation */
+    uint8_t *got;         /* [n_shards] which shards of the pull arrived */
+    uint8_t *pushed;      /* [n_shards] which shards of the step went out */
+    uint32_t have;        /* shards of the pull that arrived */
+    uint64_t asked, step; /* the step asked for, and the one the daemon gave */
+    int pulled;           /* the next step's pull went out */
+    int hook_err;         /* what went wrong inside the engine's hooks */
+    double hook_s;        /* time spent in the hooks this step (not computing) */
+    uint32_t batch;       /* images to compute this step (from the daemon) */
+    uint64_t epoch;       /* passes over our slice */
+    uint32_t cursor;      /* next position in order */
     int64_t last_sent_ms, last_recv_ms;
     omv_rng_t delay_rng;
 } session_t;
@@ -168,6 +177,46 @@ static int same_job(const omv_jobspec_t *a, const omv_jobspec_t *b)
            memcmp(a->shard_offsets, b->shard_offsets, (a->n_shards + 1) * sizeof(uint32_t)) == 0;
 }
 
+static void shm_detach(session_t *s)
+{
+    omv_shm_unmap(s->shm_params, s->shm_bytes);
+    omv_shm_unmap(s->shm_grads, s->shm_bytes);
+    if (s->shm_conn >= 0)
+        close(s->shm_conn);
+    s->shm_conn = -1;
+    s->shm_params = s->shm_grads = NULL;
+    s->shm_bytes = 0;
+}
+
+/* A trainer whose Welcome offers shared memory asks for its segments; when it cannot have
+ * them (the daemon is on another host or network namespace) it says so once and uses the
+ * socket. */
+static void shm_attach(session_t *s, const omv_welcome_t *w)
+{
+    shm_detach(s);
+    if (s->cfg->role != OMV_ROLE_TRAINER || w->idle || w->shm_socket[0] == '\0' || s->cfg->no_shm)
+        return;
+    char why[OMV_WIRE_REASON_MAX];
+    omv_shm_hello_t h = {.worker_id = s->worker_id, .token = w->shm_token};
+    size_t bytes = (size_t)w->job.param_count * sizeof(float);
+    void *p = NULL, *g = NULL;
+    int c = omv_shm_attach(w->shm_socket, &h, bytes, 2000, &p, &g, why);
+    if (c < 0) {
+        if (!s->shm_warned)
+            omv_log_info("no shared memory with the daemon (%s): parameters and gradients "
+                         "travel over %s",
+                         why, s->cfg->endpoint);
+        s->shm_warned = 1;
+        return;
+    }
+    s->shm_conn = c;
+    s->shm_params = p;
+    s->shm_grads = g;
+    s->shm_bytes = bytes;
+    omv_log_info("worker %u: parameters and gradients go through shared memory with the daemon",
+                 s->worker_id);
+}
+
 /* One registration attempt: Hello, then wait up to wait_ms for the Welcome. Returns 0,
  * -ETIMEDOUT (no answer), WAIT_DONE (nothing to do: the job is over) or another negative errno
  * (refused: do not try again). */
@@ -217,6 +266,7 @@ static int handshake(session_t *s, int wait_ms)
         release_engine(s);
     }
     s->job = m.u.welcome.job;
+    shm_attach(s, &m.u.welcome);
     return 0;
 }
 
@@ -460,6 +510,21 @@ static int send_pull(session_t *s, uint64_t step)
     return send_msg(s, &m, NULL);
 }
 
+/* Where this step's parameters are read and its gradient written: the shared segments when
+ * the daemon sent them that way, our own buffers otherwise. */
+static void use_transport(session_t *s, int shm)
+{
+    if (!shm && s->shm_step && !s->shm_warned) {
+        omv_log_warn("worker %u: the daemon no longer uses our shared memory: parameters and "
+                     "gradients travel over %s",
+                     s->worker_id, s->cfg->endpoint);
+        s->shm_warned = 1;
+    }
+    s->shm_step = shm;
+    s->p = shm ? s->shm_params : s->params;
+    s->g = shm ? s->shm_grads : s->grad;
+}
+
 /* Takes one shard of the parameters asked for into params. The first fixes the step and the
  * batch; the others must agree. Returns 0 or -EPROTO. */
 static int take_params(session_t *s, const omv_params_t *p, uint32_t *batch)
@@ -482,11 +547,21 @@ static int take_params(session_t *s, const omv_params_t *p, uint32_t *batch)
                       p->batch, j->batch_size);
         return -EPROTO;
     }
+    if (s->have > 0 && (p->wire == OMV_WIRE_SHM) != s->shm_step) {
+        omv_log_error("daemon sent a step's parameters partly through shared memory");
+        return -EPROTO;
+    }
+    if (s->have == 0)
+        use_transport(s, p->wire == OMV_WIRE_SHM);
+    if (p->wire == OMV_WIRE_SHM && s->shm_params == NULL) {
+        omv_log_error("daemon sent parameters through shared memory we do not have");
+        return -EPROTO;
+    }
     size_t len;
     const void *data = omv_link_payload(s->link, &len);
     if (p->wire == OMV_WIRE_BF16)
         omv_bf16_to_f32(s->params + p->offset, data, p->count);
-    else
+    else if (p->wire == OMV_WIRE_FP32)
         memcpy(s->params + p->offset, data, len);
     s->got[p->shard] = 1;
     s->have++;
@@ -599,9 +674,10 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
     const omv_jobspec_t *j = &s->job;
     uint32_t off = j->shard_offsets[sh], count = j->shard_offsets[sh + 1] - off;
     omv_msg_t m = {.type = OMV_MSG_PUSH};
-    m.u.push = (omv_push_t){s->worker_id, s->step, sh, off, count, loss, s->batch, ms, j->wire};
-    const void *values = s->grad + off;
-    if (j->wire == OMV_WIRE_BF16) {
+    uint32_t wire = s->shm_step ? OMV_WIRE_SHM : j->wire;
+    m.u.push = (omv_push_t){s->worker_id, s->step, sh, off, count, loss, s->batch, ms, wire};
+    const void *values = s->g + off; /* in the segment already when the wire is shm */
+    if (wire == OMV_WIRE_BF16) {
         omv_bf16_from_f32(s->grad16 + off, s->grad + off, count);
         values = s->grad16 + off;
     }
@@ -670,8 +746,7 @@ static int overlapped_step(session_t *s)
     s->hook_err = 0;
     s->hook_s = 0.0;
     double t0 = omv_time_s();
-    float loss =
-        omv_net_train_step_hooked(s->net, s->params, s->x, s->y, s->batch, s->grad, &hooks);
+    float loss = omv_net_train_step_hooked(s->net, s->p, s->x, s->y, s->batch, s->g, &hooks);
     if (s->hook_err != 0)
         return s->hook_err;
     /* What the step took to compute, without waiting for shards and sending gradients. */
@@ -687,7 +762,7 @@ static int serial_step(session_t *s)
     if (r != 0)
         return r;
     double t0 = omv_time_s();
-    float loss = omv_net_train_step(s->net, s->params, s->x, s->y, s->batch, s->grad);
+    float loss = omv_net_train_step(s->net, s->p, s->x, s->y, s->batch, s->g);
     if (s->cfg->slowdown > 1.0)
         sleep_s((s->cfg->slowdown - 1.0) * (omv_time_s() - t0), s->stop);
     if (s->cfg->delay_max_ms > 0)
@@ -782,6 +857,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
 {
     session_t s;
     memset(&s, 0, sizeof(s));
+    s.shm_conn = -1;
     s.cfg = cfg;
     s.stop = stop;
     /* The engine splits each batch over cfg->threads threads of its own; BLAS runs one thread
@@ -813,6 +889,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     if (r == WAIT_DONE)
         r = 0;
     release_engine(&s);
+    shm_detach(&s);
     omv_link_destroy(&s.link);
     return r;
 }

@@ -20,6 +20,7 @@ typedef struct {
     double slowdown; /* >= 1: each step takes this many times its compute time, as a device
                       * that much slower would (experiments and tests); 0 or 1: none */
     int no_overlap;  /* the serial order: pull, compute, push (measurements and tests) */
+    int no_shm;      /* the socket even on the daemon's host (measurements and tests) */
 } omv_session_config_t;
 
 /* Runs the session to its end. When the daemon goes away (it restarts, or it declared us dead),
