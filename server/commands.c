@@ -10,6 +10,7 @@
 #include "kv.h"
 #include "log.h"
 #include "notify.h"
+#include "run_checkpoint.h"
 #include "schedule.h"
 #include "status.h"
 #include "util.h"
@@ -268,6 +269,19 @@ static int submit_fits(const omv_daemon_t *d, int argc, char **argv, omv_strbuf_
     return 0;
 }
 
+/* Whether the daemon may write the job's checkpoints, checked at submit rather than found out
+ * at the first checkpoint. Returns 0 or -EINVAL with reply. */
+static int checkpoints_fit(const omv_daemon_t *d, const omv_job_t *job, omv_strbuf_t *reply)
+{
+    char dir[OMV_JOB_PATH_MAX], why[1024];
+    omv_run_ckpt_dir(job, d->cfg.state_dir, dir, sizeof(dir));
+    if (dir[0] == '\0' || omv_run_ckpt_check_dir(dir, why, sizeof(why)) == 0)
+        return 0;
+    omv_log_warn("refused a submitted job: %s", why);
+    omv_strbuf_printf(reply, "job refused: %s", why);
+    return -EINVAL;
+}
+
 /* submit PATH [SECTION.KEY=VALUE ...]: the file is read and checked once, here. */
 static int cmd_submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
 {
@@ -286,6 +300,11 @@ static int cmd_submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strb
     if (omv_jobs_parse(path, argv + 2, argc - 2, &job, &text, err) < 0) {
         omv_log_warn("refused a submitted job: %s", err);
         omv_strbuf_printf(reply, "job refused: %s", err);
+        return -EINVAL;
+    }
+    if (checkpoints_fit(d, job, reply) < 0) {
+        free(job);
+        free(text);
         return -EINVAL;
     }
     char name[64];
