@@ -52,7 +52,7 @@ static int parse_role(const char *arg, omv_session_config_t *cfg)
     } else if (strcmp(arg, "evaluator") == 0 || strcmp(arg, "eval") == 0) {
         cfg->role = OMV_ROLE_EVALUATOR;
     } else {
-        fprintf(stderr, "omnivore-worker: --role: '%s' is not trainer or evaluator\n", arg);
+        omv_log_fatal("--role: '%s' is not trainer or evaluator", arg);
         return 2;
     }
     return -1;
@@ -65,8 +65,8 @@ static int parse_seconds(int opt, const char *arg, omv_session_config_t *cfg)
     char *end;
     double v = strtod(arg, &end);
     if (end == arg || *end != '\0' || v < 0 || v > 1e6 || (opt == 'T' && v <= 0)) {
-        fprintf(stderr, "omnivore-worker: --%s: '%s' is not a number of seconds\n",
-                opt == 'T' ? "server-timeout" : "retry", arg);
+        omv_log_fatal("--%s: '%s' is not a number of seconds",
+                      opt == 'T' ? "server-timeout" : "retry", arg);
         return 2;
     }
     if (opt == 'T')
@@ -86,8 +86,7 @@ static int parse_step_delay(const char *arg, omv_session_config_t *cfg)
             hi = lo;
     }
     if (lo < 0 || hi < lo || hi > 60000) {
-        fprintf(stderr,
-                "omnivore-worker: --step-delay-ms: '%s' is not MS or MIN-MAX (0 to 60000)\n", arg);
+        omv_log_fatal("--step-delay-ms: '%s' is not MS or MIN-MAX (0 to 60000)", arg);
         return 2;
     }
     cfg->delay_min_ms = lo;
@@ -108,14 +107,14 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     case 't':
         cfg->threads = atoi(arg);
         if (cfg->threads < 1 || cfg->threads > 256) {
-            fprintf(stderr, "omnivore-worker: --threads: '%s' is not in [1, 256]\n", arg);
+            omv_log_fatal("--threads: '%s' is not in [1, 256]", arg);
             return 2;
         }
         return -1;
     case 'H':
         cfg->hello_timeout_ms = (int)(atof(arg) * 1000);
         if (cfg->hello_timeout_ms <= 0) {
-            fprintf(stderr, "omnivore-worker: --hello-timeout: '%s' is not positive\n", arg);
+            omv_log_fatal("--hello-timeout: '%s' is not positive", arg);
             return 2;
         }
         return -1;
@@ -124,7 +123,7 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
         return parse_seconds(opt, arg, cfg);
     case 'n':
         if (strlen(arg) >= 64) {
-            fprintf(stderr, "omnivore-worker: --name: '%s' is longer than 63 bytes\n", arg);
+            omv_log_fatal("--name: '%s' is longer than 63 bytes", arg);
             return 2;
         }
         cfg->name = arg;
@@ -134,14 +133,13 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     case 'X':
         cfg->slowdown = atof(arg);
         if (!(cfg->slowdown >= 1.0 && cfg->slowdown <= 1000.0)) {
-            fprintf(stderr, "omnivore-worker: --slowdown: '%s' is not in [1, 1000]\n", arg);
+            omv_log_fatal("--slowdown: '%s' is not in [1, 1000]", arg);
             return 2;
         }
         return -1;
     case 'l':
         if (omv_log_set_level_name(arg) < 0) {
-            fprintf(stderr,
-                    "omnivore-worker: --log-level: '%s' is not error, warn, info or debug\n", arg);
+            omv_log_fatal("--log-level: '%s' is not error, warn, info or debug", arg);
             return 2;
         }
         return -1;
@@ -183,8 +181,7 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
             return rc;
     }
     if (cfg->endpoint == NULL || cfg->endpoint[0] == '\0') {
-        fprintf(stderr,
-                "omnivore-worker: no server: give --server ENDPOINT or set OMNIVORE_SERVER\n");
+        omv_log_fatal("no server: give --server ENDPOINT or set OMNIVORE_SERVER");
         return 2;
     }
     return -1;
