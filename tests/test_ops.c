@@ -5,6 +5,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <netdb.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -319,6 +320,62 @@ START_TEST(test_errors_say_what_to_do)
 }
 END_TEST
 
+/* Runs `sh -c cmd` with stderr into out[cap] (stdout too); returns its exit status. */
+static int run_sh(const char *cmd, char *out, size_t cap)
+{
+    char full[4096];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* What a person deploying trips over, said in the journal where they look: a config mistake
+ * that stops omnivored (exit 2, not restarted) is logged at err priority, so that
+ * `journalctl -p err` shows it; a worker whose server name does not resolve exits 2 (not
+ * restarted every 35 s) saying so, rather than asking whether omnivored is running. */
+START_TEST(test_fatal_errors_reach_the_journal)
+{
+    char conf[700], cmd[2048], out[4096];
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[daemon]\nlog_levle = debug\n");
+    fclose(f);
+    /* JOURNAL_STREAM is how a program learns that its stderr goes to the journal. */
+    snprintf(cmd, sizeof(cmd), "JOURNAL_STREAM=8:1 %s --config %s", bin("OMNIVORED"), conf);
+    ck_assert_int_eq(run_sh(cmd, out, sizeof(out)), 2);
+    ck_assert_msg(strncmp(out, "<3>omnivored: ", 14) == 0 && has_text(out, "log_levle"), "%s", out);
+    /* On a terminal: the same words, without the priority. */
+    snprintf(cmd, sizeof(cmd), "env -u JOURNAL_STREAM %s --config %s", bin("OMNIVORED"), conf);
+    ck_assert_int_eq(run_sh(cmd, out, sizeof(out)), 2);
+    ck_assert_msg(strncmp(out, "omnivored: ", 11) == 0 && has_text(out, "log_levle"), "%s", out);
+
+    const char *host = "omnivore-test-head.invalid";
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    int e = getaddrinfo(host, NULL, &hints, &res);
+    if (e == 0)
+        freeaddrinfo(res);
+    if (e != EAI_NONAME && e != EAI_FAIL) {
+        printf("test_fatal_errors: the resolver does not say '%s' is unknown (%s): the worker's "
+               "part is skipped\n",
+               host, gai_strerror(e));
+        return;
+    }
+    snprintf(cmd, sizeof(cmd), "JOURNAL_STREAM=8:1 %s --server tcp://%s:5555 --hello-timeout 30",
+             bin("OMNIVORE_WORKER"), host);
+    ck_assert_int_eq(run_sh(cmd, out, sizeof(out)), 2);
+    char want[256];
+    snprintf(want, sizeof(want), "<3>omnivore-worker: cannot resolve '%s'", host);
+    ck_assert_msg(strncmp(out, want, strlen(want)) == 0 && has_text(out, "OMNIVORE_SERVER") &&
+                      !has_text(out, "is omnivored running"),
+                  "%s", out);
+}
+END_TEST
+
 /* Reads a whole file into out[cap]; returns its length or -1. */
 static long read_file(const char *path, char *out, size_t cap)
 {
@@ -551,6 +608,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_groups_metrics_watch);
     tcase_add_test(tc, test_errors_say_what_to_do);
+    tcase_add_test(tc, test_fatal_errors_reach_the_journal);
     tcase_add_test(tc, test_sd_notify);
     tcase_add_test(tc, test_memory_deny_write_execute);
     tcase_add_test(tc, test_report);

@@ -2,10 +2,12 @@
 #define OMV_LOG_TAG "worker"
 #include <errno.h>
 #include <getopt.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "session.h"
@@ -187,6 +189,58 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
     return -1;
 }
 
+/* The host of a tcp:// endpoint (tcp://[SOURCE;]HOST:PORT, HOST possibly in brackets) into
+ * host[cap]. Returns 0, or -1 when there is no host to look up (another transport, a form for
+ * ZeroMQ to judge). */
+static int endpoint_host(const char *endpoint, char *host, size_t cap)
+{
+    if (strncmp(endpoint, "tcp://", 6) != 0)
+        return -1;
+    const char *h = endpoint + 6, *semi = strchr(h, ';');
+    if (semi)
+        h = semi + 1;
+    const char *end = h[0] == '[' ? strchr(h, ']') : strrchr(h, ':');
+    if (h[0] == '[')
+        h++;
+    size_t n = end ? (size_t)(end - h) : strlen(h);
+    if (n == 0 || n >= cap)
+        return -1;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    return 0;
+}
+
+/* Looks up the daemon's host before anything else: a name that does not exist (worker.conf left
+ * at its example) is a mistake that restarting will not fix, and must not read as "is omnivored
+ * running?". A resolver that does not answer yet is waited for up to the hello timeout. Returns
+ * -1 to go on, else the exit status: 2 for a name that does not resolve, 1 for a resolver that
+ * did not answer. */
+static int resolve_server(const omv_session_config_t *cfg)
+{
+    char host[256];
+    if (endpoint_host(cfg->endpoint, host, sizeof(host)) < 0)
+        return -1;
+    int64_t deadline = omv_time_ms() + cfg->hello_timeout_ms;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    for (;;) {
+        int e = getaddrinfo(host, NULL, &hints, &res);
+        if (e == 0) {
+            freeaddrinfo(res);
+            return -1;
+        }
+        int lasting = e == EAI_NONAME || e == EAI_FAIL;
+        if (lasting || omv_time_ms() >= deadline || stop_flag) {
+            omv_log_fatal("cannot resolve '%s' (server %s): %s; set OMNIVORE_SERVER (worker.conf) "
+                          "or --server to the head node's address, e.g. tcp://192.0.2.10:5555, "
+                          "or tcp://127.0.0.1:5555 on the head node itself",
+                          host, cfg->endpoint, gai_strerror(e));
+            return lasting ? 2 : 1;
+        }
+        struct timespec ts = {0, 500 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
     omv_log_set_ident("omnivore-worker");
@@ -208,6 +262,9 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    rc = resolve_server(&cfg);
+    if (rc >= 0)
+        return rc;
 
     int r = omv_session_run(&cfg, &stop_flag);
     if (r == -EINTR) {
