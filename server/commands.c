@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon_config.h"
 #include "kv.h"
 #include "log.h"
 #include "notify.h"
@@ -389,6 +390,28 @@ static int cmd_shutdown(omv_daemon_t *d, int argc, char **argv, int json, omv_st
     return 0;
 }
 
+/* reload: what SIGHUP does, answered once it is done (systemctl reload runs omnivorectl reload,
+ * so it returns after the new configuration applies, and fails with the reason when the file is
+ * broken). */
+static int cmd_reload(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
+{
+    (void)argc, (void)argv;
+    char why[OMV_CONFIG_ERR_MAX + 128];
+    int r = omv_daemon_config_reload(d, why, sizeof(why));
+    if (r < 0) {
+        omv_strbuf_printf(reply, "%s", why);
+        return r;
+    }
+    omv_kv_t kv;
+    omv_kv_begin(&kv, reply, json);
+    omv_kv_section(&kv, "reload");
+    omv_kv_str(&kv, "config", d->config_path);
+    omv_kv_str(&kv, "log_level", d->cfg.log_level);
+    omv_kv_int(&kv, "reloads_total", (int64_t)d->reloads_total);
+    omv_kv_end(&kv);
+    return 0;
+}
+
 static int cmd_help(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply);
 
 static const command_t commands[] = {
@@ -404,6 +427,7 @@ static const command_t commands[] = {
     {"jobs", NULL, 0, 0, cmd_jobs},
     {"submit", "PATH [S.K=V ...]", -1, 0, cmd_submit},
     {"stop", "[ID|NAME]", 1, 0, cmd_stop},
+    {"reload", NULL, 0, 0, cmd_reload},
     {"shutdown", NULL, 0, 0, cmd_shutdown},
     {"help", NULL, 0, 0, cmd_help},
 };

@@ -309,9 +309,9 @@ START_TEST(test_errors_say_what_to_do)
     /* Usage errors are 2, and --help names every command. */
     ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, "frobnicate"), 2);
     ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, "--help"), 0);
-    const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
-                          "summary", "checkpoint", "shutdown", "run",     "help",
-                          "history", "report",     "jobs",     "submit",  "stop"};
+    const char *cmds[] = {"status",     "workers",  "groups", "metrics", "watch",   "summary",
+                          "checkpoint", "shutdown", "run",    "help",    "history", "report",
+                          "jobs",       "submit",   "stop",   "reload"};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(cmds); i++) {
         char line[64];
         snprintf(line, sizeof(line), "\n  %s ", cmds[i]);
