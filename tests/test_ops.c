@@ -558,6 +558,49 @@ START_TEST(test_sd_notify)
 }
 END_TEST
 
+/* Once a job is done its workers stay registered, idle for the next one: systemctl status says
+ * so, not "0/1 workers". */
+START_TEST(test_sd_notify_done_says_idle)
+{
+    if (!omv_notify_enabled())
+        return;
+    write_job(1, 1, "");
+    char path[700];
+    snprintf(path, sizeof(path), "%s/notify.sock", test_dir);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    omv_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--job",
+                    job_path,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
+    pid_t d = start_daemon_argv(argv);
+    unsetenv("NOTIFY_SOCKET");
+    pid_t w[2] = {start_worker("trainer"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done(&body, 60000);
+    wait_status("workers_waiting", 2, 20000);
+    char got[1024];
+    ck_assert_msg(wait_notify(fd, ", 2 workers idle", got, sizeof(got), 10000) == 0, "%s", got);
+    ck_assert_msg(has_text(got, "STATUS=done: epoch 1.00/1, step "), "%s", got);
+    shutdown_daemon(d);
+    stop_workers(w, 2);
+    close(fd);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
 START_TEST(test_memory_deny_write_execute)
 {
     /* The units set MemoryDenyWriteExecute=yes: no mapping may be writable and executable, none
@@ -610,6 +653,7 @@ int main(void)
     tcase_add_test(tc, test_errors_say_what_to_do);
     tcase_add_test(tc, test_fatal_errors_reach_the_journal);
     tcase_add_test(tc, test_sd_notify);
+    tcase_add_test(tc, test_sd_notify_done_says_idle);
     tcase_add_test(tc, test_memory_deny_write_execute);
     tcase_add_test(tc, test_report);
     suite_add_tcase(s, tc);
