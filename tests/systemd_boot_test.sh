@@ -82,23 +82,24 @@ say "boot it: systemd-nspawn -b --private-network"
 SYSTEMD_NSPAWN_UNIFIED_HIERARCHY=1 systemd-nspawn -q -D "$root" -b --register=no --keep-unit \
     --private-network --machine=omnivore-boot >"$log" 2>&1 </dev/null &
 nspawn=$!
-leader=""
-i=0
-while [ -z "$leader" ] && [ $i -lt 100 ]; do
+# The container's init: the child of systemd-nspawn that runs systemd (nspawn forks helpers
+# that come and go before it), then until it says it is up.
+leader="" state="" i=0
+while [ $i -lt 1200 ]; do
     kill -0 "$nspawn" 2>/dev/null || { cat "$log"; skip "systemd-nspawn cannot boot here"; }
-    leader=$(ps -o pid= --ppid "$nspawn" | head -1 | tr -d ' ')
-    [ -n "$leader" ] || sleep 0.1
+    leader=$(ps -o pid=,comm= --ppid "$nspawn" | awk '$2 == "systemd" { print $1; exit }')
+    if [ -n "$leader" ]; then
+        state=$(nsenter -t "$leader" -a systemctl is-system-running 2>/dev/null || true)
+        case $state in running | degraded) break ;; esac
+    fi
+    sleep 0.1
     i=$((i + 1))
 done
 [ -n "$leader" ] || skip "systemd-nspawn started no container"
-i=0 state=""
-while [ $i -lt 120 ]; do
-    state=$(nsenter -t "$leader" -a systemctl is-system-running 2>/dev/null || true)
-    case $state in running | degraded) break ;; esac
-    sleep 1
-    i=$((i + 1))
-done
-say "booted: $state"
+case $state in
+running | degraded) say "booted: $state" ;;
+*) say "FAIL: the container did not finish booting in 120 s: '$state'" && exit 1 ;;
+esac
 
 fails=0
 ok() { say "ok: $*"; }
@@ -131,6 +132,8 @@ field() { inside omnivorectl status | sed -n "s/^$1://p" | head -1; }
 say "install: systemd-sysusers, job.ini, worker.conf, enable the units"
 inside systemd-sysusers
 inside cp /usr/share/omnivore/examples/fashion-mlp.ini /etc/omnivore/job.ini
+# Five epochs instead of three: time for the SIGKILL and the reload while it trains.
+inside sed -i 's/^epochs = 3$/epochs = 5/' /etc/omnivore/job.ini
 # worker.conf ships OMNIVORE_SERVER commented out, with the one-machine value beside it.
 inside sed -i 's|^#OMNIVORE_SERVER=tcp://127.0.0.1:5555$|OMNIVORE_SERVER=tcp://127.0.0.1:5555|' \
     /etc/omnivore/worker.conf
@@ -183,6 +186,13 @@ out=$(inside omnivorectl submit /etc/omnivore/job.ini --set checkpoint.dir=/srv/
     bad "submit with checkpoint.dir=/srv/ckpt was accepted: $out" ||
     { echo "$out" | grep -q 'ReadWritePaths=/srv/ckpt' && ok "submit refused: $out" ||
         bad "submit refused, but the reason does not name ReadWritePaths=: $out"; }
+# ---- a job under /home, which ProtectHome= hides from the daemon ----
+inside install -d /home/operator
+inside cp /etc/omnivore/job.ini /home/operator/job.ini
+out=$(inside omnivorectl submit /home/operator/job.ini 2>&1) &&
+    bad "a job under /home was accepted: $out" ||
+    { echo "$out" | grep -q 'ProtectHome=yes' && ok "a job under /home is refused: $out" ||
+        bad "a job under /home is refused without naming ProtectHome: $out"; }
 inside mkdir -p /etc/systemd/system/omnivored.service.d
 inside sh -c 'printf "[Service]\nReadWritePaths=/srv/ckpt\n" \
     > /etc/systemd/system/omnivored.service.d/checkpoints.conf'
@@ -234,6 +244,21 @@ if [ "$(prop ExecMainStatus omnivore-worker@bad)" = 2 ] &&
 else
     bad "worker with tcp://head:5555: status $(prop ExecMainStatus omnivore-worker@bad), \
 restarts $(prop NRestarts omnivore-worker@bad)"
+fi
+
+# ---- a mistake in omnivored.conf: exit 2, not restarted, and journalctl -p err says why ----
+inside sh -c 'echo "log_levle = debug" >> /etc/omnivore/omnivored.conf'
+inside systemctl restart omnivored 2>/dev/null || true
+i=0
+while [ "$(prop ActiveState omnivored)" != failed ] && [ $i -lt 40 ]; do
+    sleep 1
+    i=$((i + 1))
+done
+line=$(inside journalctl -q -u omnivored -p err --no-pager -o cat | grep '^omnivored: ' | tail -1)
+if [ "$(prop ExecMainStatus omnivored)" = 2 ] && [ -n "$line" ]; then
+    ok "a broken omnivored.conf: exit 2, and journalctl -p err: $line"
+else
+    bad "a broken omnivored.conf: status $(prop ExecMainStatus omnivored), err line '$line'"
 fi
 
 say "$fails failed"
