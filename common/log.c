@@ -39,6 +39,26 @@ void omv_log_set_ident(const char *name)
     ident = name;
 }
 
+void omv_log_fatal(const char *fmt, ...)
+{
+    char line[2048];
+    if (journal < 0)
+        journal = getenv("JOURNAL_STREAM") != NULL;
+    int n = snprintf(line, sizeof(line), "%s%s: ", journal ? "<3>" : "", ident);
+    if (n < 0 || (size_t)n >= sizeof(line))
+        n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (size_t)(m < 0 ? 0 : m);
+    if (len > sizeof(line) - 2)
+        len = sizeof(line) - 2;
+    line[len++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+}
+
 void omv_log_write(omv_log_level_t level, const char *tag, const char *fmt, ...)
 {
     char line[2048];

@@ -20,6 +20,11 @@ void omv_log_set_level(omv_log_level_t level);
 /* Sets the program name printed on each line (borrowed; must outlive logging). */
 void omv_log_set_ident(const char *ident);
 
+/* An error that ends the process (a bad flag or config file): "IDENT: message" on stderr, as a
+ * command line tool says it, whatever the level; at err priority under journald, so that
+ * `journalctl -p err` shows why a unit did not start. */
+void omv_log_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 void omv_log_write(omv_log_level_t level, const char *tag, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

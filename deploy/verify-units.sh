@@ -12,7 +12,7 @@ src=$(cd "$(dirname "$0")" && pwd)
 # shellcheck disable=SC2016
 keys_unit=$(grep -o '\${OMNIVORE_[A-Z_]*}' "$src/omnivore-worker@.service.in" |
     tr -d '${}' | sort -u)
-keys_conf=$(grep -o '^OMNIVORE_[A-Z_]*=' "$src/worker.conf" | tr -d '=' | sort -u)
+keys_conf=$(grep -o '^#\?OMNIVORE_[A-Z_]*=' "$src/worker.conf" | tr -d '#=' | sort -u)
 if [ "$keys_unit" != "$keys_conf" ]; then
     echo "worker.conf and omnivore-worker@.service.in disagree:" >&2
     echo "unit: $keys_unit" >&2
@@ -38,9 +38,6 @@ done
 # The targets and services the units name (network-online.target, multi-user.target, ...).
 mkdir -p "$root/lib/systemd/system"
 cp -an /lib/systemd/system/. "$root/lib/systemd/system/"
-# The host's commands they run besides ours (ExecReload's kill).
-mkdir -p "$root/bin"
-for k in /bin/kill /usr/bin/kill; do [ -x "$k" ] && { cp "$k" "$root/bin/kill"; break; }; done
 cp "$root$unitdir/omnivore-worker@.service" "$root$unitdir/omnivore-worker@1.service"
 out=$(systemd-analyze verify --man=no --root="$root" "$root$unitdir/omnivored.service" \
     "$root$unitdir/omnivore-worker@1.service" 2>&1) || rc=$?

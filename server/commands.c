@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "daemon_config.h"
 #include "kv.h"
 #include "log.h"
 #include "notify.h"
+#include "run_checkpoint.h"
 #include "schedule.h"
 #include "status.h"
 #include "util.h"
@@ -268,6 +270,19 @@ static int submit_fits(const omv_daemon_t *d, int argc, char **argv, omv_strbuf_
     return 0;
 }
 
+/* Whether the daemon may write the job's checkpoints, checked at submit rather than found out
+ * at the first checkpoint. Returns 0 or -EINVAL with reply. */
+static int checkpoints_fit(const omv_daemon_t *d, const omv_job_t *job, omv_strbuf_t *reply)
+{
+    char dir[OMV_JOB_PATH_MAX], why[1024];
+    omv_run_ckpt_dir(job, d->cfg.state_dir, dir, sizeof(dir));
+    if (dir[0] == '\0' || omv_run_ckpt_check_dir(dir, why, sizeof(why)) == 0)
+        return 0;
+    omv_log_warn("refused a submitted job: %s", why);
+    omv_strbuf_printf(reply, "job refused: %s", why);
+    return -EINVAL;
+}
+
 /* submit PATH [SECTION.KEY=VALUE ...]: the file is read and checked once, here. */
 static int cmd_submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
 {
@@ -286,6 +301,11 @@ static int cmd_submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strb
     if (omv_jobs_parse(path, argv + 2, argc - 2, &job, &text, err) < 0) {
         omv_log_warn("refused a submitted job: %s", err);
         omv_strbuf_printf(reply, "job refused: %s", err);
+        return -EINVAL;
+    }
+    if (checkpoints_fit(d, job, reply) < 0) {
+        free(job);
+        free(text);
         return -EINVAL;
     }
     char name[64];
@@ -370,6 +390,28 @@ static int cmd_shutdown(omv_daemon_t *d, int argc, char **argv, int json, omv_st
     return 0;
 }
 
+/* reload: what SIGHUP does, answered once it is done (systemctl reload runs omnivorectl reload,
+ * so it returns after the new configuration applies, and fails with the reason when the file is
+ * broken). */
+static int cmd_reload(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
+{
+    (void)argc, (void)argv;
+    char why[OMV_CONFIG_ERR_MAX + 128];
+    int r = omv_daemon_config_reload(d, why, sizeof(why));
+    if (r < 0) {
+        omv_strbuf_printf(reply, "%s", why);
+        return r;
+    }
+    omv_kv_t kv;
+    omv_kv_begin(&kv, reply, json);
+    omv_kv_section(&kv, "reload");
+    omv_kv_str(&kv, "config", d->config_path);
+    omv_kv_str(&kv, "log_level", d->cfg.log_level);
+    omv_kv_int(&kv, "reloads_total", (int64_t)d->reloads_total);
+    omv_kv_end(&kv);
+    return 0;
+}
+
 static int cmd_help(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply);
 
 static const command_t commands[] = {
@@ -385,6 +427,7 @@ static const command_t commands[] = {
     {"jobs", NULL, 0, 0, cmd_jobs},
     {"submit", "PATH [S.K=V ...]", -1, 0, cmd_submit},
     {"stop", "[ID|NAME]", 1, 0, cmd_stop},
+    {"reload", NULL, 0, 0, cmd_reload},
     {"shutdown", NULL, 0, 0, cmd_shutdown},
     {"help", NULL, 0, 0, cmd_help},
 };

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "daemon_config.h"
 #include "daemon_priv.h"
 #include "log.h"
 #include "messages.h"
@@ -18,23 +19,6 @@
 #include "schedule.h"
 #include "status.h"
 #include "util.h"
-
-#define FIELD(f) offsetof(omv_daemon_config_t, f)
-#define STR(f) OMV_CONFIG_STRING, FIELD(f), sizeof(((omv_daemon_config_t *)0)->f)
-
-const omv_config_entry_t omv_daemon_table[] = {
-    {"daemon", "endpoint", STR(endpoint), "tcp://*:5555", 0, 0, 0,
-     "where workers connect: tcp://ADDR:PORT or ipc://PATH"},
-    {"daemon", "control", STR(control), "/run/omnivore/control.sock", 0, 0, 0,
-     "control socket for omnivorectl"},
-    {"daemon", "job", STR(job), "", 0, 0, 0,
-     "job file to run at start (empty: start idle and wait for omnivorectl submit)"},
-    {"daemon", "log_level", STR(log_level), "info", 0, 0, OMV_CONFIG_RUNTIME,
-     "error, warn, info or debug"},
-    {"daemon", "state_dir", STR(state_dir), "/var/lib/omnivore", 0, 0, 0,
-     "state folder: checkpoints go to STATE_DIR/checkpoints/JOB_NAME unless the job says"},
-};
-const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 
 /* How long the daemon waits on its way out for groups to finish applying a step, so that the
  * last checkpoint holds whole steps. */
@@ -48,41 +32,6 @@ void omv_daemon_set_reload(omv_daemon_t *d, volatile sig_atomic_t *flag, const c
     d->reload_flag = flag;
     omv_strlcpy(d->config_path, config_path ? config_path : "", sizeof(d->config_path));
     omv_strlcpy(d->cli_log_level, cli_log_level ? cli_log_level : "", sizeof(d->cli_log_level));
-}
-
-/* Re-reads the config file and applies what may change while running; a broken file changes
- * nothing and says why. */
-static void reload(omv_daemon_t *d)
-{
-    if (d->config_path[0] == '\0') {
-        omv_log_warn("SIGHUP: omnivored was started without --config: nothing to reload");
-        return;
-    }
-    omv_daemon_config_t cfg;
-    char err[OMV_CONFIG_ERR_MAX];
-    memset(&cfg, 0, sizeof(cfg));
-    omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
-    if (omv_config_load(omv_daemon_table, omv_daemon_table_len, d->config_path, &cfg, NULL, err) <
-        0) {
-        d->reloads_failed_total++;
-        omv_log_error("reload: %s; the running configuration stays", err);
-        return;
-    }
-    if (d->cli_log_level[0])
-        omv_strlcpy(cfg.log_level, d->cli_log_level, sizeof(cfg.log_level));
-    if (omv_log_set_level_name(cfg.log_level) < 0) {
-        d->reloads_failed_total++;
-        omv_log_error("reload: %s: log_level '%s' is not error, warn, info or debug; the running "
-                      "configuration stays",
-                      d->config_path, cfg.log_level);
-        return;
-    }
-    omv_strlcpy(d->cfg.log_level, cfg.log_level, sizeof(d->cfg.log_level));
-    d->reloads_total++;
-    /* Logged at warn so that it shows whatever the level now is. */
-    omv_log_warn("reloaded %s: log_level %s (endpoint, control, job and state_dir apply at the "
-                 "next start)",
-                 d->config_path, d->cfg.log_level);
 }
 
 /* ---- periodic work: Redis's serverCron with run_with_period ---- */
@@ -104,7 +53,10 @@ static void cron_reload(omv_daemon_t *d)
 {
     if (d->reload_flag && *d->reload_flag) {
         *d->reload_flag = 0;
-        reload(d);
+        char why[OMV_CONFIG_ERR_MAX + 128];
+        omv_notify_reloading();
+        omv_daemon_config_reload(d, why, sizeof(why));
+        omv_notify_reloaded();
     }
 }
 

@@ -11,6 +11,7 @@
 #include "control.h"
 #include "log.h"
 #include "run.h"
+#include "sandbox.h"
 #include "util.h"
 
 omv_jobs_t *omv_jobs_new(const char *state_dir, int once)
@@ -61,6 +62,7 @@ int omv_jobs_parse(const char *path, char *const *sets, int n_sets, omv_job_t **
     if (r >= 0)
         r = omv_run_check_job(job, NULL, NULL, err);
     if (r < 0) {
+        omv_sandbox_explain_open(err, OMV_CONFIG_ERR_MAX);
         free(job);
         free(text);
         return r;

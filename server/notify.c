@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "util.h"
 
@@ -68,6 +69,19 @@ void omv_notify_watchdog(void)
     last_ms = now;
 }
 
+void omv_notify_reloading(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu",
+               (unsigned long long)ts.tv_sec * 1000000ULL + (unsigned long long)ts.tv_nsec / 1000);
+}
+
+void omv_notify_reloaded(void)
+{
+    sd_notify(0, "READY=1");
+}
+
 void omv_notify_stopping(void)
 {
     if (stopping_sent)
@@ -94,6 +108,14 @@ void omv_notify_status(const char *line)
 }
 
 void omv_notify_watchdog(void)
+{
+}
+
+void omv_notify_reloading(void)
+{
+}
+
+void omv_notify_reloaded(void)
 {
 }
 

@@ -12,6 +12,10 @@ void omv_notify_status(const char *line);
  * loop that stops turning (a deadlock, a stuck thread) gets the daemon restarted, and it resumes
  * from its last checkpoint. Cheap to call often. */
 void omv_notify_watchdog(void);
+/* RELOADING=1 before the daemon re-reads its config on SIGHUP, and READY=1 after it, so that
+ * systemctl shows it reloading. */
+void omv_notify_reloading(void);
+void omv_notify_reloaded(void);
 /* STOPPING=1: the daemon is on its way out (sent once). */
 void omv_notify_stopping(void);
 /* Whether notifications are compiled in. */

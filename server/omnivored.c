@@ -12,6 +12,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "notify.h"
+#include "sandbox.h"
 #include "util.h"
 #include "wire.h"
 
@@ -89,7 +90,7 @@ static int read_config_file(int argc, char **argv, omv_daemon_config_t *cfg)
     while ((c = getopt_long(argc, argv, SHORT_OPTS, opts, NULL)) != -1) {
         if (c == 'c' &&
             omv_config_load(omv_daemon_table, omv_daemon_table_len, optarg, cfg, NULL, err) < 0) {
-            fprintf(stderr, "omnivored: %s\n", err);
+            omv_log_fatal("%s", err);
             return 2;
         } else if (c == 'h') {
             usage(stdout);
@@ -120,7 +121,7 @@ static int read_flags(int argc, char **argv, omv_daemon_config_t *cfg, cli_t *cl
                                      : NULL;
         if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, cfg, "daemon", key,
                                   optarg, err) < 0) {
-            fprintf(stderr, "omnivored: %s\n", err);
+            omv_log_fatal("%s", err);
             return 2;
         }
         if (c == 'w')
@@ -133,8 +134,7 @@ static int read_flags(int argc, char **argv, omv_daemon_config_t *cfg, cli_t *cl
             cfg->once = 1;
     }
     if (omv_log_set_level_name(cfg->log_level) < 0) {
-        fprintf(stderr, "omnivored: log level '%s' is not error, warn, info or debug\n",
-                cfg->log_level);
+        omv_log_fatal("log level '%s' is not error, warn, info or debug", cfg->log_level);
         return 2;
     }
     return -1;
@@ -148,12 +148,13 @@ static int load_boot_job(int argc, char **argv, const omv_daemon_config_t *cfg, 
     char err[OMV_CONFIG_ERR_MAX];
     if (omv_job_read(cfg->job, ret_text, err) < 0 ||
         omv_job_load_text(job, cfg->job, *ret_text, err) < 0) {
-        fprintf(stderr, "omnivored: %s\n", err);
+        omv_sandbox_explain_open(err, sizeof(err));
+        omv_log_fatal("%s", err);
         return 2;
     }
     if (cli->workers && omv_config_set(omv_job_table, omv_job_table_len, job, "cluster", "workers",
                                        cli->workers, err) < 0) {
-        fprintf(stderr, "omnivored: --workers: %s\n", err);
+        omv_log_fatal("--workers: %s", err);
         return 2;
     }
     int c;
@@ -161,12 +162,13 @@ static int load_boot_job(int argc, char **argv, const omv_daemon_config_t *cfg, 
     while ((c = getopt_long(argc, argv, SHORT_OPTS, opts, NULL)) != -1) {
         if (c == 'S' &&
             omv_config_set_arg(omv_job_table, omv_job_table_len, job, optarg, err) < 0) {
-            fprintf(stderr, "omnivored: --set: %s\n", err);
+            omv_log_fatal("--set: %s", err);
             return 2;
         }
     }
     if (omv_job_validate(job, cfg->job, err) < 0) {
-        fprintf(stderr, "omnivored: %s\n", err);
+        omv_sandbox_explain_open(err, sizeof(err));
+        omv_log_fatal("%s", err);
         return 2;
     }
     return -1;
@@ -192,12 +194,12 @@ static int check_flags(int argc, char **argv, const omv_daemon_config_t *cfg, co
 {
     int have_job = cfg->job[0] != '\0';
     if (!have_job && cfg->once) {
-        fprintf(stderr, "omnivored: --once runs one job: give --job FILE or set [daemon] job\n");
+        omv_log_fatal("--once runs one job: give --job FILE or set [daemon] job");
         return 2;
     }
     if (!have_job && (cli->workers || has_set(argc, argv))) {
-        fprintf(stderr, "omnivored: --workers and --set change the job, but there is none: give "
-                        "--job FILE\n");
+        omv_log_fatal("--workers and --set change the job, but there is none: give "
+                      "--job FILE");
         return 2;
     }
     return -1;

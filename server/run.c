@@ -1056,6 +1056,7 @@ static int resume(omv_run_t *r, const omv_checkpoint_t *c)
     for (uint32_t g = 0; g < c->n_groups; g++)
         omv_groups_set_clock(r->groups, g, c->clocks[g]);
     r->images_total = c->images_total;
+    r->last_line_images = c->images_total; /* the first progress line's images/s counts from here */
     r->steps_total = c->steps_total;
     r->train_s_before = c->train_s;
     for (uint32_t i = 0; i < c->n_history; i++)

@@ -7,25 +7,57 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "sandbox.h"
 #include "strbuf.h"
 #include "util.h"
+
+void omv_run_ckpt_dir(const omv_job_t *job, const char *state_dir, char *out, size_t cap)
+{
+    out[0] = '\0';
+    if (job->checkpoint_dir[0])
+        omv_strlcpy(out, job->checkpoint_dir, cap);
+    else if (state_dir[0])
+        snprintf(out, cap, "%s/checkpoints/%s", state_dir, job->name);
+}
+
+int omv_run_ckpt_check_dir(const char *dir, char *why, size_t cap)
+{
+    int r = omv_checkpoint_mkdirs(dir);
+    if (r == 0) {
+        /* A file made and removed: the one test that sees mounts, owners and ACLs alike. */
+        char probe[OMV_JOB_PATH_MAX + 32];
+        snprintf(probe, sizeof(probe), "%s/.omnivore-write-check-XXXXXX", dir);
+        int fd = mkstemp(probe);
+        r = fd < 0 ? -errno : 0;
+        if (fd >= 0) {
+            close(fd);
+            unlink(probe);
+        }
+    }
+    if (r == 0)
+        return 0;
+    char hint[512];
+    omv_sandbox_hint(dir, r, hint, sizeof(hint));
+    if (hint[0] == '\0' && (r == -EACCES || r == -EPERM))
+        snprintf(hint, sizeof(hint),
+                 "; give the folder to the daemon's user (chown omnivore), or choose another");
+    snprintf(why, cap, "the daemon cannot write checkpoints to '%s': %s%s", dir, omv_strerror(r),
+             hint);
+    return r;
+}
 
 void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir)
 {
     memset(self, 0, sizeof(*self));
-    if (job->checkpoint_dir[0])
-        omv_strlcpy(self->dir, job->checkpoint_dir, sizeof(self->dir));
-    else if (state_dir[0])
-        snprintf(self->dir, sizeof(self->dir), "%s/checkpoints/%s", state_dir, job->name);
+    omv_run_ckpt_dir(job, state_dir, self->dir, sizeof(self->dir));
     if (self->dir[0] == '\0')
         return;
-    int r = omv_checkpoint_mkdirs(self->dir);
-    if (r < 0)
-        omv_log_warn("checkpoints are off: cannot create %s: %s (set [daemon] state_dir or "
-                     "[checkpoint] dir to a folder this user may write)",
-                     self->dir, omv_strerror(r));
+    char why[1024];
+    if (omv_run_ckpt_check_dir(self->dir, why, sizeof(why)) < 0)
+        omv_log_error("checkpoints are off for job '%s': %s", job->name, why);
     else
         self->enabled = 1;
 }

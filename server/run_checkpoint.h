@@ -45,9 +45,19 @@ typedef struct {
     const omv_tuner_t *tuner; /* may be NULL */
 } omv_run_ckpt_view_t;
 
-/* Sets where the job's checkpoints go ([checkpoint] dir, else STATE_DIR/checkpoints/NAME; none
- * without either) and creates the folder; one that cannot be made turns checkpoints off, with a
- * warning that says what to change. */
+/* Where a job's checkpoints go: [checkpoint] dir, else STATE_DIR/checkpoints/NAME; "" without
+ * either. Writes out[cap]. */
+void omv_run_ckpt_dir(const omv_job_t *job, const char *state_dir, char *out, size_t cap);
+
+/* Creates dir as needed and checks that the daemon may write files in it (a folder that exists
+ * but lies on a read-only mount, as ProtectSystem=strict makes everything outside the state
+ * folder, passes mkdir and fails at the first checkpoint). Returns 0, or a negative errno with
+ * why[cap] naming the folder, the cause and the fix. */
+int omv_run_ckpt_check_dir(const char *dir, char *why, size_t cap);
+
+/* Sets where the job's checkpoints go (omv_run_ckpt_dir) and checks the folder
+ * (omv_run_ckpt_check_dir); one the daemon cannot write turns checkpoints off, with an error
+ * that says what to change. */
 void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir);
 
 /* Writes a checkpoint from view now, prunes older ones, and clears due. Returns 0 or a negative

@@ -275,12 +275,18 @@ void omv_status_groups(const omv_daemon_t *d, omv_strbuf_t *out, int json)
 void omv_status_notify(const omv_daemon_t *d)
 {
     const omv_run_t *r = run_of(d);
-    char line[200];
+    char line[200], workers[64];
     uint64_t step = omv_groups_min_clock(r->groups);
-    snprintf(line, sizeof(line), "%s: epoch %.2f/%lld, step %llu, %.0f images/s, %d/%lld workers",
+    /* Once a job is over its trainers are idle, waiting for the next: say so, not "0/2". */
+    if (!OMV_JOB_OVER(r->state))
+        snprintf(workers, sizeof(workers), "%d/%lld workers", omv_members_live_trainers(d->members),
+                 (long long)r->job.workers);
+    else
+        snprintf(workers, sizeof(workers), "%d workers idle", omv_members_idle(d->members));
+    snprintf(line, sizeof(line), "%s: epoch %.2f/%lld, step %llu, %.0f images/s, %s",
              omv_run_state_names[r->state], omv_run_epoch(r), (long long)r->job.epochs,
              step == UINT64_MAX ? 0ULL : (unsigned long long)step, omv_run_images_per_second(r),
-             omv_members_live_trainers(d->members), (long long)r->job.workers);
+             workers);
     omv_notify_status(line);
 }
 

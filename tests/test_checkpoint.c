@@ -1,5 +1,6 @@
 /* Checkpoint files: every field comes back bit for bit, damage is caught and named, the newest
  * usable checkpoint is found, old ones are pruned, and the folder is made as needed. */
+#define _GNU_SOURCE /* unshare(CLONE_NEWNS), for a read-only mount of our own */
 #include <check.h>
 #include <errno.h>
 #include <float.h>
@@ -7,15 +8,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <dirent.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include "checkpoint.h"
 #include "rng.h"
+#include "run_checkpoint.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -1307,6 +1312,69 @@ START_TEST(test_mkdirs_on_a_file)
 }
 END_TEST
 
+/* In a child with a mount namespace of its own: dir bind-mounted read-only over itself, then
+ * the check. Writes its message to fd; exits with the check's errno, or 255 when there is no
+ * namespace to be had. */
+static void check_on_read_only_mount(const char *folder, int fd)
+{
+    if (unshare(CLONE_NEWNS) < 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0 ||
+        mount(folder, folder, NULL, MS_BIND, NULL) < 0 ||
+        mount(NULL, folder, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
+        _exit(255);
+    char why[1024] = "";
+    int r = omv_run_ckpt_check_dir(folder, why, sizeof(why));
+    ssize_t w = write(fd, why, strlen(why));
+    (void)w;
+    _exit(-r);
+}
+
+START_TEST(test_check_dir_names_the_folder_and_the_fix)
+{
+    /* What start and submit check (run_checkpoint.c): a folder the daemon may write passes and
+     * is left as it was. */
+    char why[1024] = "";
+    ck_assert_int_eq(omv_run_ckpt_check_dir(dir, why, sizeof(why)), 0);
+    ck_assert_str_eq(listing(dir), "");
+    if (geteuid() != 0) {
+        /* Not ours to write: the message says how to fix it. */
+        ck_assert_int_eq(chmod(dir, 0500), 0);
+        int r = omv_run_ckpt_check_dir(dir, why, sizeof(why));
+        chmod(dir, 0700);
+        ck_assert_int_eq(r, -EACCES);
+        ck_assert_msg(strstr(why, dir) && strstr(why, "chown omnivore"), "%s", why);
+        return;
+    }
+    /* An existing folder on a read-only mount, as ProtectSystem=strict makes every folder but
+     * the state folder: mkdir passes, a checkpoint would not. The message names the folder and
+     * the drop-in that allows it. */
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        check_on_read_only_mount(dir, fds[1]);
+    }
+    close(fds[1]);
+    ssize_t n = read(fds[0], why, sizeof(why) - 1);
+    close(fds[0]);
+    why[n > 0 ? n : 0] = '\0';
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 255) {
+        printf("test_check_dir: no mount namespace here: the read-only case is skipped\n");
+        return;
+    }
+    ck_assert_int_eq(WEXITSTATUS(status), EROFS);
+    char want[4200];
+    snprintf(want, sizeof(want), "the daemon cannot write checkpoints to '%s'", dir);
+    ck_assert_msg(strstr(why, want), "%s", why);
+    snprintf(want, sizeof(want), "ReadWritePaths=%s in a drop-in (systemctl edit omnivored)", dir);
+    ck_assert_msg(strstr(why, want) && strstr(why, "ProtectSystem=strict"), "%s", why);
+}
+END_TEST
+
 START_TEST(test_write_where_no_folder_can_be)
 {
     char file[4200], below[4200];
@@ -1379,6 +1447,7 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_mkdirs_nested);
     tcase_add_test(tc, test_mkdirs_on_a_file);
     tcase_add_test(tc, test_write_where_no_folder_can_be);
+    tcase_add_test(tc, test_check_dir_names_the_folder_and_the_fix);
     suite_add_tcase(s, tc);
     return s;
 }

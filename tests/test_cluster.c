@@ -602,6 +602,18 @@ START_TEST(test_daemon_sighup_reload)
     wait_status("reloads_failed_total", 1, 5000);
     control("status", &body);
     ck_assert_msg(has_text(omv_strbuf_str(&body), "log_level:debug"), "%s", omv_strbuf_str(&body));
+    /* omnivorectl reload, what systemctl reload runs: it answers once the file is applied (no
+     * waiting for a counter), and fails with the reason on a broken file. */
+    char out[2048];
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "reload"), 1);
+    ck_assert_msg(has_text(out, "log_level 'loud' is not error, warn, info or debug"), "%s", out);
+    f = fopen(conf, "w");
+    fprintf(f, "[daemon]\nlog_level = info\n");
+    fclose(f);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "reload"), 0);
+    ck_assert_msg(has_text(out, "log_level:info\nreloads_total:2\n"), "%s", out);
+    control("status", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "log_level:info"), "%s", omv_strbuf_str(&body));
     ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
     shutdown_daemon(d);
     omv_strbuf_fini(&body);

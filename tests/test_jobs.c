@@ -15,6 +15,7 @@
 #include "checkpoint.h"
 #include "cluster_util.h"
 #include "control.h"
+#include "jobs.h"
 #include "strbuf.h"
 #include "util.h"
 
@@ -200,6 +201,14 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     int r = omv_control_request(sock_path, "submit job.ini", &body, 5000);
     ck_assert_int_eq(r, -EREMOTEIO);
     ck_assert_msg(has_text(omv_strbuf_str(&body), "absolute path"), "%s", omv_strbuf_str(&body));
+    /* A checkpoint folder the daemon cannot write is refused at submit, naming it, not found
+     * out at the first checkpoint. */
+    snprintf(args, sizeof(args), "submit %s --set checkpoint.dir=%s/ckpt", job_path, job_path);
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), args), 1);
+    char want[800];
+    snprintf(want, sizeof(want), "job refused: the daemon cannot write checkpoints to '%s/ckpt'",
+             job_path);
+    ck_assert_msg(has_text(out, want), "%s", out);
     ck_assert_int_eq(status_field("jobs_submitted_total"), 2);
 
     shutdown_daemon(d);
@@ -328,6 +337,25 @@ START_TEST(test_stop_at_accuracy)
 }
 END_TEST
 
+/* Under systemd a job the daemon cannot open under /home is refused with the unit's setting
+ * named (ProtectHome= hides it), not a bare "No such file" or "Permission denied". */
+START_TEST(test_job_under_home_names_protecthome)
+{
+    const char *path = "/home/omnivore-test-nobody/job.ini";
+    omv_job_t *job = NULL;
+    char *text = NULL, err[OMV_CONFIG_ERR_MAX];
+    unsetenv("INVOCATION_ID");
+    ck_assert_int_lt(omv_jobs_parse(path, NULL, 0, &job, &text, err), 0);
+    ck_assert_msg(has_text(err, "cannot open") && !has_text(err, "ProtectHome"), "%s", err);
+    setenv("INVOCATION_ID", "0123456789abcdef", 1); /* as systemd sets it for a service */
+    ck_assert_int_lt(omv_jobs_parse(path, NULL, 0, &job, &text, err), 0);
+    unsetenv("INVOCATION_ID");
+    ck_assert_msg(has_text(err, "/home/omnivore-test-nobody/job.ini: cannot open") &&
+                      has_text(err, "(ProtectHome=yes)") && has_text(err, "/etc/omnivore/jobs"),
+                  "%s", err);
+}
+END_TEST
+
 /* --once (omnivorectl run): no submissions, and the workers exit with the job. */
 START_TEST(test_once_refuses_submissions)
 {
@@ -358,6 +386,7 @@ int main(void)
     tcase_add_test(tc, test_stop_checkpoints_and_resubmit_resumes);
     tcase_add_test(tc, test_restart_restores_the_queue);
     tcase_add_test(tc, test_once_refuses_submissions);
+    tcase_add_test(tc, test_job_under_home_names_protecthome);
     tcase_add_test(tc, test_stop_at_accuracy);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -5,6 +5,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <netdb.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -308,14 +309,70 @@ START_TEST(test_errors_say_what_to_do)
     /* Usage errors are 2, and --help names every command. */
     ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, "frobnicate"), 2);
     ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, "--help"), 0);
-    const char *cmds[] = {"status",  "workers",    "groups",   "metrics", "watch",
-                          "summary", "checkpoint", "shutdown", "run",     "help",
-                          "history", "report",     "jobs",     "submit",  "stop"};
+    const char *cmds[] = {"status",     "workers",  "groups", "metrics", "watch",   "summary",
+                          "checkpoint", "shutdown", "run",    "help",    "history", "report",
+                          "jobs",       "submit",   "stop",   "reload"};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(cmds); i++) {
         char line[64];
         snprintf(line, sizeof(line), "\n  %s ", cmds[i]);
         ck_assert_msg(has_text(out, line), "--help does not list %s:\n%s", cmds[i], out);
     }
+}
+END_TEST
+
+/* Runs `sh -c cmd` with stderr into out[cap] (stdout too); returns its exit status. */
+static int run_sh(const char *cmd, char *out, size_t cap)
+{
+    char full[4096];
+    snprintf(full, sizeof(full), "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int status = pclose(p);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* What a person deploying trips over, said in the journal where they look: a config mistake
+ * that stops omnivored (exit 2, not restarted) is logged at err priority, so that
+ * `journalctl -p err` shows it; a worker whose server name does not resolve exits 2 (not
+ * restarted every 35 s) saying so, rather than asking whether omnivored is running. */
+START_TEST(test_fatal_errors_reach_the_journal)
+{
+    char conf[700], cmd[2048], out[4096];
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[daemon]\nlog_levle = debug\n");
+    fclose(f);
+    /* JOURNAL_STREAM is how a program learns that its stderr goes to the journal. */
+    snprintf(cmd, sizeof(cmd), "JOURNAL_STREAM=8:1 %s --config %s", bin("OMNIVORED"), conf);
+    ck_assert_int_eq(run_sh(cmd, out, sizeof(out)), 2);
+    ck_assert_msg(strncmp(out, "<3>omnivored: ", 14) == 0 && has_text(out, "log_levle"), "%s", out);
+    /* On a terminal: the same words, without the priority. */
+    snprintf(cmd, sizeof(cmd), "env -u JOURNAL_STREAM %s --config %s", bin("OMNIVORED"), conf);
+    ck_assert_int_eq(run_sh(cmd, out, sizeof(out)), 2);
+    ck_assert_msg(strncmp(out, "omnivored: ", 11) == 0 && has_text(out, "log_levle"), "%s", out);
+
+    const char *host = "omnivore-test-head.invalid";
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    int e = getaddrinfo(host, NULL, &hints, &res);
+    if (e == 0)
+        freeaddrinfo(res);
+    if (e != EAI_NONAME && e != EAI_FAIL) {
+        printf("test_fatal_errors: the resolver does not say '%s' is unknown (%s): the worker's "
+               "part is skipped\n",
+               host, gai_strerror(e));
+        return;
+    }
+    snprintf(cmd, sizeof(cmd), "JOURNAL_STREAM=8:1 %s --server tcp://%s:5555 --hello-timeout 30",
+             bin("OMNIVORE_WORKER"), host);
+    ck_assert_int_eq(run_sh(cmd, out, sizeof(out)), 2);
+    char want[256];
+    snprintf(want, sizeof(want), "<3>omnivore-worker: cannot resolve '%s'", host);
+    ck_assert_msg(strncmp(out, want, strlen(want)) == 0 && has_text(out, "OMNIVORE_SERVER") &&
+                      !has_text(out, "is omnivored running"),
+                  "%s", out);
 }
 END_TEST
 
@@ -501,6 +558,49 @@ START_TEST(test_sd_notify)
 }
 END_TEST
 
+/* Once a job is done its workers stay registered, idle for the next one: systemctl status says
+ * so, not "0/1 workers". */
+START_TEST(test_sd_notify_done_says_idle)
+{
+    if (!omv_notify_enabled())
+        return;
+    write_job(1, 1, "");
+    char path[700];
+    snprintf(path, sizeof(path), "%s/notify.sock", test_dir);
+    int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    omv_strlcpy(addr.sun_path, path, sizeof(addr.sun_path));
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    setenv("NOTIFY_SOCKET", path, 1);
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--job",
+                    job_path,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
+    pid_t d = start_daemon_argv(argv);
+    unsetenv("NOTIFY_SOCKET");
+    pid_t w[2] = {start_worker("trainer"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done(&body, 60000);
+    wait_status("workers_waiting", 2, 20000);
+    char got[1024];
+    ck_assert_msg(wait_notify(fd, ", 2 workers idle", got, sizeof(got), 10000) == 0, "%s", got);
+    ck_assert_msg(has_text(got, "STATUS=done: epoch 1.00/1, step "), "%s", got);
+    shutdown_daemon(d);
+    stop_workers(w, 2);
+    close(fd);
+    omv_strbuf_fini(&body);
+}
+END_TEST
+
 START_TEST(test_memory_deny_write_execute)
 {
     /* The units set MemoryDenyWriteExecute=yes: no mapping may be writable and executable, none
@@ -551,7 +651,9 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_groups_metrics_watch);
     tcase_add_test(tc, test_errors_say_what_to_do);
+    tcase_add_test(tc, test_fatal_errors_reach_the_journal);
     tcase_add_test(tc, test_sd_notify);
+    tcase_add_test(tc, test_sd_notify_done_says_idle);
     tcase_add_test(tc, test_memory_deny_write_execute);
     tcase_add_test(tc, test_report);
     suite_add_tcase(s, tc);

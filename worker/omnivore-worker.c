@@ -2,10 +2,12 @@
 #define OMV_LOG_TAG "worker"
 #include <errno.h>
 #include <getopt.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "session.h"
@@ -60,7 +62,7 @@ static int parse_role(const char *arg, omv_session_config_t *cfg)
     } else if (strcmp(arg, "evaluator") == 0 || strcmp(arg, "eval") == 0) {
         cfg->role = OMV_ROLE_EVALUATOR;
     } else {
-        fprintf(stderr, "omnivore-worker: --role: '%s' is not trainer or evaluator\n", arg);
+        omv_log_fatal("--role: '%s' is not trainer or evaluator", arg);
         return 2;
     }
     return -1;
@@ -73,8 +75,8 @@ static int parse_seconds(int opt, const char *arg, omv_session_config_t *cfg)
     char *end;
     double v = strtod(arg, &end);
     if (end == arg || *end != '\0' || v < 0 || v > 1e6 || (opt == 'T' && v <= 0)) {
-        fprintf(stderr, "omnivore-worker: --%s: '%s' is not a number of seconds\n",
-                opt == 'T' ? "server-timeout" : "retry", arg);
+        omv_log_fatal("--%s: '%s' is not a number of seconds",
+                      opt == 'T' ? "server-timeout" : "retry", arg);
         return 2;
     }
     if (opt == 'T')
@@ -94,8 +96,7 @@ static int parse_step_delay(const char *arg, omv_session_config_t *cfg)
             hi = lo;
     }
     if (lo < 0 || hi < lo || hi > 60000) {
-        fprintf(stderr,
-                "omnivore-worker: --step-delay-ms: '%s' is not MS or MIN-MAX (0 to 60000)\n", arg);
+        omv_log_fatal("--step-delay-ms: '%s' is not MS or MIN-MAX (0 to 60000)", arg);
         return 2;
     }
     cfg->delay_min_ms = lo;
@@ -116,14 +117,14 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     case 't':
         cfg->threads = atoi(arg);
         if (cfg->threads < 1 || cfg->threads > 256) {
-            fprintf(stderr, "omnivore-worker: --threads: '%s' is not in [1, 256]\n", arg);
+            omv_log_fatal("--threads: '%s' is not in [1, 256]", arg);
             return 2;
         }
         return -1;
     case 'H':
         cfg->hello_timeout_ms = (int)(atof(arg) * 1000);
         if (cfg->hello_timeout_ms <= 0) {
-            fprintf(stderr, "omnivore-worker: --hello-timeout: '%s' is not positive\n", arg);
+            omv_log_fatal("--hello-timeout: '%s' is not positive", arg);
             return 2;
         }
         return -1;
@@ -132,7 +133,7 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
         return parse_seconds(opt, arg, cfg);
     case 'n':
         if (strlen(arg) >= 64) {
-            fprintf(stderr, "omnivore-worker: --name: '%s' is longer than 63 bytes\n", arg);
+            omv_log_fatal("--name: '%s' is longer than 63 bytes", arg);
             return 2;
         }
         cfg->name = arg;
@@ -142,7 +143,7 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     case 'X':
         cfg->slowdown = atof(arg);
         if (!(cfg->slowdown >= 1.0 && cfg->slowdown <= 1000.0)) {
-            fprintf(stderr, "omnivore-worker: --slowdown: '%s' is not in [1, 1000]\n", arg);
+            omv_log_fatal("--slowdown: '%s' is not in [1, 1000]", arg);
             return 2;
         }
         return -1;
@@ -154,8 +155,7 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
         return -1;
     case 'l':
         if (omv_log_set_level_name(arg) < 0) {
-            fprintf(stderr,
-                    "omnivore-worker: --log-level: '%s' is not error, warn, info or debug\n", arg);
+            omv_log_fatal("--log-level: '%s' is not error, warn, info or debug", arg);
             return 2;
         }
         return -1;
@@ -199,11 +199,62 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
             return rc;
     }
     if (cfg->endpoint == NULL || cfg->endpoint[0] == '\0') {
-        fprintf(stderr,
-                "omnivore-worker: no server: give --server ENDPOINT or set OMNIVORE_SERVER\n");
+        omv_log_fatal("no server: give --server ENDPOINT or set OMNIVORE_SERVER");
         return 2;
     }
     return -1;
+}
+
+/* The host of a tcp:// endpoint (tcp://[SOURCE;]HOST:PORT, HOST possibly in brackets) into
+ * host[cap]. Returns 0, or -1 when there is no host to look up (another transport, a form for
+ * ZeroMQ to judge). */
+static int endpoint_host(const char *endpoint, char *host, size_t cap)
+{
+    if (strncmp(endpoint, "tcp://", 6) != 0)
+        return -1;
+    const char *h = endpoint + 6, *semi = strchr(h, ';');
+    if (semi)
+        h = semi + 1;
+    const char *end = h[0] == '[' ? strchr(h, ']') : strrchr(h, ':');
+    if (h[0] == '[')
+        h++;
+    size_t n = end ? (size_t)(end - h) : strlen(h);
+    if (n == 0 || n >= cap)
+        return -1;
+    memcpy(host, h, n);
+    host[n] = '\0';
+    return 0;
+}
+
+/* Looks up the daemon's host before anything else: a name that does not exist (worker.conf left
+ * at its example) is a mistake that restarting will not fix, and must not read as "is omnivored
+ * running?". A resolver that does not answer yet is waited for up to the hello timeout. Returns
+ * -1 to go on, else the exit status: 2 for a name that does not resolve, 1 for a resolver that
+ * did not answer. */
+static int resolve_server(const omv_session_config_t *cfg)
+{
+    char host[256];
+    if (endpoint_host(cfg->endpoint, host, sizeof(host)) < 0)
+        return -1;
+    int64_t deadline = omv_time_ms() + cfg->hello_timeout_ms;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    for (;;) {
+        int e = getaddrinfo(host, NULL, &hints, &res);
+        if (e == 0) {
+            freeaddrinfo(res);
+            return -1;
+        }
+        int lasting = e == EAI_NONAME || e == EAI_FAIL;
+        if (lasting || omv_time_ms() >= deadline || stop_flag) {
+            omv_log_fatal("cannot resolve '%s' (server %s): %s; set OMNIVORE_SERVER (worker.conf) "
+                          "or --server to the head node's address, e.g. tcp://192.0.2.10:5555, "
+                          "or tcp://127.0.0.1:5555 on the head node itself",
+                          host, cfg->endpoint, gai_strerror(e));
+            return lasting ? 2 : 1;
+        }
+        struct timespec ts = {0, 500 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 int main(int argc, char **argv)
@@ -230,6 +281,9 @@ int main(int argc, char **argv)
     sa.sa_handler = on_signal;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    rc = resolve_server(&cfg);
+    if (rc >= 0)
+        return rc;
 
     int r = omv_session_run(&cfg, &stop_flag);
     if (r == -EINTR) {

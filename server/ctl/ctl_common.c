@@ -48,6 +48,8 @@ void omv_ctl_usage(FILE *out)
         "              for run. A job that has checkpoints resumes from the newest\n"
         "  stop [ID|NAME]  stop the current job (after a checkpoint: submitting it again\n"
         "              resumes it) or drop a queued one; the next queued job starts\n"
+        "  reload      re-read omnivored.conf and apply log_level; answers once done (what\n"
+        "              systemctl reload runs; a broken file is refused with the reason)\n"
         "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
         "              wait for it to come back (with --retry, in omnivore-worker)\n"
         "  help        this text\n\n"

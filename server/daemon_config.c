@@ -1,0 +1,67 @@
+/* omnivored's configuration file: its table of keys, and reading it again while running
+ * (SIGHUP, or `omnivorectl reload`, which systemctl reload runs and which waits for it). */
+#define OMV_LOG_TAG "daemon"
+#include "daemon_config.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "daemon_priv.h"
+#include "log.h"
+#include "util.h"
+
+#define FIELD(f) offsetof(omv_daemon_config_t, f)
+#define STR(f) OMV_CONFIG_STRING, FIELD(f), sizeof(((omv_daemon_config_t *)0)->f)
+
+const omv_config_entry_t omv_daemon_table[] = {
+    {"daemon", "endpoint", STR(endpoint), "tcp://*:5555", 0, 0, 0,
+     "where workers connect: tcp://ADDR:PORT or ipc://PATH"},
+    {"daemon", "control", STR(control), "/run/omnivore/control.sock", 0, 0, 0,
+     "control socket for omnivorectl"},
+    {"daemon", "job", STR(job), "", 0, 0, 0,
+     "job file to run at start (empty: start idle and wait for omnivorectl submit)"},
+    {"daemon", "log_level", STR(log_level), "info", 0, 0, OMV_CONFIG_RUNTIME,
+     "error, warn, info or debug"},
+    {"daemon", "state_dir", STR(state_dir), "/var/lib/omnivore", 0, 0, 0,
+     "state folder: checkpoints go to STATE_DIR/checkpoints/JOB_NAME unless the job says"},
+};
+const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
+
+int omv_daemon_config_reload(omv_daemon_t *d, char *why, size_t cap)
+{
+    if (d->config_path[0] == '\0') {
+        snprintf(why, cap, "omnivored was started without --config: nothing to reload");
+        omv_log_warn("reload: %s", why);
+        return -ENOENT;
+    }
+    omv_daemon_config_t cfg;
+    char err[OMV_CONFIG_ERR_MAX];
+    memset(&cfg, 0, sizeof(cfg));
+    omv_config_defaults(omv_daemon_table, omv_daemon_table_len, &cfg);
+    int r =
+        omv_config_load(omv_daemon_table, omv_daemon_table_len, d->config_path, &cfg, NULL, err);
+    if (r >= 0 && d->cli_log_level[0])
+        omv_strlcpy(cfg.log_level, d->cli_log_level, sizeof(cfg.log_level));
+    if (r >= 0 && omv_log_set_level_name(cfg.log_level) < 0) {
+        snprintf(err, sizeof(err), "%s: log_level '%s' is not error, warn, info or debug",
+                 d->config_path, cfg.log_level);
+        r = -EINVAL;
+    }
+    if (r < 0) {
+        d->reloads_failed_total++;
+        snprintf(why, cap, "reload: %s; the running configuration stays", err);
+        omv_log_error("%s", why);
+        return r;
+    }
+    omv_strlcpy(d->cfg.log_level, cfg.log_level, sizeof(d->cfg.log_level));
+    d->reloads_total++;
+    snprintf(why, cap,
+             "reloaded %s: log_level %s (endpoint, control, job and state_dir apply at the next "
+             "start)",
+             d->config_path, d->cfg.log_level);
+    /* Logged at warn so that it shows whatever the level now is. */
+    omv_log_warn("%s", why);
+    return 0;
+}
