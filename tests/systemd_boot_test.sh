@@ -152,6 +152,9 @@ fi
 inside systemctl enable --now omnivore-worker@1 omnivore-worker@2 omnivore-worker@eval 2>/dev/null
 wait_status state:running 120 && ok "two workers and an evaluator: the job runs" ||
     bad "the job does not run"
+# The workers on the head node share memory with the daemon, under both units' sandboxes.
+wait_status 'shm_workers:2' 30 && ok "both trainers use shared memory with the daemon" ||
+    bad "shared memory under the units: $(inside omnivorectl workers | grep -E '^(worker|transport)' | tr '\n' ' ')"
 
 # ---- SIGKILL: restarted, resumed from the checkpoint ----
 wait_status 'epoch:[1-9].*' 120 || true
