@@ -294,6 +294,20 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, ch
     return 0;
 }
 
+/* protobuf-c leaves an empty repeated field NULL, and memcpy from NULL is undefined even for
+ * no bytes (found by fuzzing: every Welcome without `std`). */
+static void copy_floats(float *dst, const float *src, size_t n)
+{
+    if (n > 0)
+        memcpy(dst, src, n * sizeof(float));
+}
+
+static void copy_u32(uint32_t *dst, const uint32_t *src, size_t n)
+{
+    if (n > 0)
+        memcpy(dst, src, n * sizeof(uint32_t));
+}
+
 static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *why)
 {
     if (j == NULL)
@@ -313,16 +327,16 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
             0)
         return -EPROTO;
     out->n_layers = (uint32_t)j->n_layers;
-    memcpy(out->layers, j->layers, j->n_layers * sizeof(uint32_t));
+    copy_u32(out->layers, j->layers, j->n_layers);
     if (j->n_mean > 16 || j->n_std > 16)
         FAIL("job has %zu means and %zu stds, at most 16 each", j->n_mean, j->n_std);
     out->scale = j->scale;
     out->n_mean = (uint32_t)j->n_mean;
-    memcpy(out->mean, j->mean, j->n_mean * sizeof(float));
+    copy_floats(out->mean, j->mean, j->n_mean);
     out->n_std = (uint32_t)j->n_std;
-    memcpy(out->std, j->std, j->n_std * sizeof(float));
+    copy_floats(out->std, j->std, j->n_std);
     out->n_shards = (uint32_t)j->n_shard_offsets - 1;
-    memcpy(out->shard_offsets, j->shard_offsets, j->n_shard_offsets * sizeof(uint32_t));
+    copy_u32(out->shard_offsets, j->shard_offsets, j->n_shard_offsets);
     for (uint32_t i = 0; i < out->n_shards; i++)
         if (out->shard_offsets[i] > out->shard_offsets[i + 1])
             FAIL("shard offsets are not ascending");

@@ -134,6 +134,21 @@ START_TEST(test_welcome_round_trip)
 }
 END_TEST
 
+/* A Welcome without means and stds (an IDX job) decodes to none of either; fuzzing found the
+ * decoder copying from protobuf-c's NULL array for it, which UBSan reports. */
+START_TEST(test_welcome_without_std)
+{
+    omv_msg_t m, d;
+    make_welcome(&m);
+    m.u.welcome.job.n_mean = 0;
+    m.u.welcome.job.n_std = 0;
+    round_trip(&m, &d);
+    ck_assert_uint_eq(d.u.welcome.job.n_mean, 0);
+    ck_assert_uint_eq(d.u.welcome.job.n_std, 0);
+    ck_assert_uint_eq(d.u.welcome.job.n_shards, 3);
+}
+END_TEST
+
 START_TEST(test_other_messages_round_trip)
 {
     omv_msg_t d[N_SAMPLES];
@@ -573,6 +588,7 @@ static Suite *wire_suite(void)
     Suite *s = suite_create("wire");
     TCase *tc = tcase_create("wire");
     tcase_add_test(tc, test_welcome_round_trip);
+    tcase_add_test(tc, test_welcome_without_std);
     tcase_add_test(tc, test_other_messages_round_trip);
     tcase_add_test(tc, test_payload_count);
     tcase_add_test(tc, test_unknown_wire_refused);
