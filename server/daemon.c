@@ -33,6 +33,9 @@ const omv_config_entry_t omv_daemon_table[] = {
      "error, warn, info or debug"},
     {"daemon", "state_dir", STR(state_dir), "/var/lib/omnivore", 0, 0, 0,
      "state folder: checkpoints go to STATE_DIR/checkpoints/JOB_NAME unless the job says"},
+    {"security", "max_message_bytes", OMV_CONFIG_INT, FIELD(max_message_bytes), sizeof(int64_t),
+     "0", 0, 1099511627776.0, 0,
+     "largest frame a peer may send the worker endpoint (0: the start job's model, else 64 MiB)"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 
@@ -146,6 +149,19 @@ static int64_t cron(omv_daemon_t *d, int64_t *last_ms)
 
 /* ---- life ---- */
 
+/* Without a job at start and without a configured limit, frames are held to this. */
+#define DEFAULT_MAX_MESSAGE (64 << 20)
+
+/* The worker endpoint's frame limit: the configured one, else what the start job's messages
+ * need, else the default. */
+static int64_t max_message(const omv_daemon_config_t *cfg, const omv_job_t *job)
+{
+    if (cfg->max_message_bytes > 0)
+        return cfg->max_message_bytes;
+    int64_t need = job ? omv_run_message_bytes(job) : -EINVAL;
+    return need > 0 ? need : DEFAULT_MAX_MESSAGE;
+}
+
 omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *job,
                              const char *job_path, const char *job_text)
 {
@@ -161,7 +177,7 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     int r = -ENOMEM;
     if (d->members == NULL || d->jobs == NULL)
         goto fail;
-    d->router = omv_router_new(cfg->endpoint);
+    d->router = omv_router_new(cfg->endpoint, max_message(cfg, job));
     if (d->router == NULL) {
         r = -errno;
         omv_log_error("cannot bind worker endpoint '%s': %s", cfg->endpoint, omv_strerror(r));

@@ -22,7 +22,10 @@ void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t
                                           : "");
     omv_msg_t e;
     omv_wire_error(&e, code, "%s", reason);
-    omv_router_send(self->router, peer, &e, NULL);
+    /* A peer that floods without reading fills its queue (OMV_ROUTER_HWM): its answers are then
+     * dropped and counted, and cost nothing more. */
+    if (omv_router_send(self->router, peer, &e, NULL) < 0)
+        self->unanswered++;
 }
 
 uint64_t omv_refusals_total(const omv_refusals_t *self)

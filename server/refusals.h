@@ -10,6 +10,7 @@
 typedef struct {
     omv_router_t *router;               /* borrowed: where the answers go */
     uint64_t counts[OMV_REFUSE_COUNT_]; /* by reason */
+    uint64_t unanswered;                /* answers dropped: the peer was gone or not reading */
 } omv_refusals_t;
 
 /* Starts counting from zero; answers go out through router (borrowed). */

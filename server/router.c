@@ -24,9 +24,10 @@ struct omv_router {
     uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
     omv_pipe_t *pipes[OMV_PIPE_MAX]; /* loop ends, polled with the router */
     int n_pipes, pipes_made;
+    int64_t max_message_bytes;
 };
 
-omv_router_t *omv_router_new(const char *endpoint)
+omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes)
 {
     omv_router_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
@@ -37,10 +38,18 @@ omv_router_t *omv_router_new(const char *endpoint)
     self->sock = zmq_socket(self->ctx, ZMQ_ROUTER);
     if (self->sock == NULL)
         goto fail;
-    int linger = 1000, hwm = 0, mandatory = 1;
+    int linger = 1000, hwm = OMV_ROUTER_HWM, mandatory = 1;
     zmq_setsockopt(self->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    /* Bounded queues per peer: a peer that never reads its answers loses them rather than
+     * growing the daemon without limit, and one that sends faster than the loop reads is slowed
+     * by its own socket. */
     zmq_setsockopt(self->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(self->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    /* A frame over the limit drops the connection before it is buffered (set before bind:
+     * libzmq copies the options into the listener). */
+    if (max_message_bytes > 0)
+        zmq_setsockopt(self->sock, ZMQ_MAXMSGSIZE, &max_message_bytes, sizeof(max_message_bytes));
+    self->max_message_bytes = max_message_bytes;
     /* Report sends to peers that are gone instead of dropping them silently. */
     zmq_setsockopt(self->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
     if (zmq_bind(self->sock, endpoint) != 0)
@@ -57,6 +66,11 @@ fail : {
     errno = e;
     return NULL;
 }
+}
+
+int64_t omv_router_max_message(const omv_router_t *self)
+{
+    return self->max_message_bytes;
 }
 
 void omv_router_destroy(omv_router_t **self_p)

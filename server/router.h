@@ -14,9 +14,16 @@ typedef struct {
 
 typedef struct omv_router omv_router_t;
 
-/* Binds endpoint (tcp://0.0.0.0:5555 or ipc:///run/omnivore/workers.sock). Returns NULL with
- * errno set. */
-omv_router_t *omv_router_new(const char *endpoint);
+/* Messages queued per peer each way before sends to it fail with -EAGAIN (answers to a peer
+ * that does not read are dropped) and its own sends wait. */
+#define OMV_ROUTER_HWM 4096
+
+/* Binds endpoint (tcp://0.0.0.0:5555 or ipc:///run/omnivore/workers.sock); a peer sending a
+ * frame over max_message_bytes (0: no limit) is disconnected before the frame is buffered.
+ * Returns NULL with errno set. */
+omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes);
+/* The frame limit it was made with (0: none). */
+int64_t omv_router_max_message(const omv_router_t *self);
 void omv_router_destroy(omv_router_t **self_p);
 
 /* Waits up to timeout_ms for a message on the router, on any loop end of the pipes made with

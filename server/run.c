@@ -969,6 +969,28 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
     return 0;
 }
 
+int64_t omv_run_message_bytes(const omv_job_t *job)
+{
+    omv_model_layout_t layout;
+    char err[OMV_CONFIG_ERR_MAX];
+    if (omv_model_parse(&layout, job->model_text, job->model_name, err) < 0)
+        return -EINVAL;
+    return (int64_t)layout.param_count * (int64_t)sizeof(float) + OMV_WIRE_MAX_ENVELOPE;
+}
+
+/* A job whose gradients would be cut off by the worker endpoint's frame limit cannot train. */
+static int check_message_limit(const omv_run_t *r)
+{
+    int64_t limit = omv_router_max_message(r->env.router);
+    int64_t need = (int64_t)r->layout.param_count * (int64_t)sizeof(float) + OMV_WIRE_MAX_ENVELOPE;
+    if (limit <= 0 || need <= limit)
+        return 0;
+    omv_log_error("job '%s': its model's messages (%lld bytes) are over the worker endpoint's "
+                  "limit of %lld bytes: raise [security] max_message_bytes and restart omnivored",
+                  r->job.name, (long long)need, (long long)limit);
+    return -EMSGSIZE;
+}
+
 static void log_model(const omv_run_t *r)
 {
     char table[4096];
@@ -1034,6 +1056,9 @@ static int setup_model(omv_run_t *r)
         omv_log_error("%s", err);
         return -EINVAL;
     }
+    e = check_message_limit(r);
+    if (e < 0)
+        return e;
     r->target_images = (uint64_t)r->train_count * (uint64_t)j->epochs;
     log_model(r);
     /* Room for workers that join beyond the planned ones, and for replacements; and for as

@@ -106,6 +106,10 @@ typedef struct {
 int omv_run_check_job(const omv_job_t *job, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
                       char *err);
 
+/* The largest frame a worker of job sends (a whole model's gradient and an envelope), or
+ * -EINVAL when its model does not parse. */
+int64_t omv_run_message_bytes(const omv_job_t *job);
+
 /* Makes the run of job (copied; path names it in logs, text is copied for checkpoints): model,
  * shards and their executors, groups, checkpoints, resuming from the newest. Returns NULL with
  * errno set after logging why. Caller owns; omv_run_destroy. */

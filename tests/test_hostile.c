@@ -1,0 +1,104 @@
+/* Integration tests with a hostile peer on the worker endpoint: floods and oversized frames are
+ * refused with the daemon's memory bounded, and strings from peers cannot forge lines. */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cluster_util.h"
+#include "control.h"
+#include "peer_util.h"
+#include "strbuf.h"
+#include "testutil.h"
+#include "util.h"
+#include "wire.h"
+
+/* A line of /proc/PID/status ("VmRSS", "VmHWM") in KiB. */
+static long proc_kib(pid_t pid, const char *key)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    long v = -1;
+    size_t k = strlen(key);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, key, k) == 0 && line[k] == ':')
+            v = strtol(line + k + 1, NULL, 10);
+    fclose(f);
+    ck_assert_int_ge(v, 0);
+    return v;
+}
+
+/* Two 32 MB frames from a stranger: the connection is dropped before either is buffered (the
+ * frame limit comes from the job's small model), and the daemon goes on answering. */
+START_TEST(test_oversized_frames)
+{
+    write_job(1, 2, "groups = 1");
+    pid_t d = start_daemon();
+    long before = proc_kib(d, "VmHWM");
+    size_t big = 32u << 20;
+    char *junk = calloc(1, big);
+    ck_assert_ptr_nonnull(junk);
+    for (int i = 0; i < 2; i++) {
+        peer_t p;
+        peer_open(&p);
+        peer_send_raw(&p, junk, big, NULL, 0);
+        /* A legitimate Hello on another connection is still answered, after the junk. */
+        peer_t q;
+        peer_open(&q);
+        omv_msg_t m = {.type = OMV_MSG_HELLO};
+        m.u.hello.protocol_version = OMV_PROTOCOL_VERSION + 1;
+        peer_send(&q, &m, NULL, 0);
+        expect_error(&q, OMV_REFUSE_VERSION);
+        peer_close(&q);
+        peer_close(&p);
+    }
+    free(junk);
+    long after = proc_kib(d, "VmHWM");
+    ck_assert_msg(after - before < 20 * 1024, "peak RSS grew from %ld to %ld KiB", before, after);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* A flood of bad messages whose answers are never read: every one is refused and counted, the
+ * answers the peer does not read are dropped, and memory stays flat. */
+START_TEST(test_unread_flood)
+{
+    write_job(1, 2, "groups = 1");
+    pid_t d = start_daemon();
+    long before = proc_kib(d, "VmRSS");
+    peer_t p;
+    peer_open(&p);
+    int hwm = 100;
+    zmq_setsockopt(p.sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    enum { FLOOD = 200000 };
+    for (int i = 0; i < FLOOD; i++)
+        peer_send_raw(&p, "\xff\xfe not an envelope, and nobody reads the answer", 48, NULL, 0);
+    wait_status("refused_malformed_total", FLOOD, 60000);
+    ck_assert_msg(status_field("refusals_unanswered_total") > 0, "every answer was queued");
+    long after = proc_kib(d, "VmRSS");
+    ck_assert_msg(after - before < 20 * 1024, "RSS grew from %ld to %ld KiB", before, after);
+    peer_close(&p);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    Suite *s = suite_create("hostile");
+    TCase *tc = tcase_create("processes");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_oversized_frames);
+    tcase_add_test(tc, test_unread_flood);
+    suite_add_tcase(s, tc);
+    return omv_test_run(s);
+}
