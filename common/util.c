@@ -47,6 +47,31 @@ int omv_strlcpy(char *dst, const char *src, size_t cap)
     return 0;
 }
 
+int omv_str_escape(char *dst, const char *src, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
+        char esc[4] = {(char)*p};
+        size_t n = 1;
+        if (*p < 0x20 || *p == 0x7f) {
+            esc[0] = '\\', esc[1] = 'x', esc[2] = hex[*p >> 4], esc[3] = hex[*p & 15];
+            n = 4;
+        } else if (*p == '\\') {
+            esc[1] = '\\';
+            n = 2;
+        }
+        if (o + n >= cap) {
+            dst[o] = '\0';
+            return -ENAMETOOLONG;
+        }
+        memcpy(dst + o, esc, n);
+        o += n;
+    }
+    dst[o] = '\0';
+    return 0;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif

@@ -294,6 +294,17 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, ch
     return 0;
 }
 
+/* A string a person reads (a hostname, a name, a reason): stored with its control characters
+ * escaped, so that a newline from a peer cannot forge lines in logs and key:value replies; an
+ * escaped string longer than dst is cut. */
+static int copy_text(char *dst, size_t cap, const char *src, const char *what, char *why)
+{
+    if (src != NULL && strlen(src) >= cap)
+        FAIL("%s longer than %zu bytes", what, cap - 1);
+    omv_str_escape(dst, src ? src : "", cap);
+    return 0;
+}
+
 /* protobuf-c leaves an empty repeated field NULL, and memcpy from NULL is undefined even for
  * no bytes (found by fuzzing: every Welcome without `std`). */
 static void copy_floats(float *dst, const float *src, size_t n)
@@ -368,10 +379,10 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.hello.pid = h->pid;
         m->u.hello.threads = h->threads;
         m->u.hello.previous_worker_id = h->previous_worker_id;
-        if (copy_str(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
+        if (copy_text(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
             return -EPROTO;
-        return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname, "hostname",
-                        why);
+        return copy_text(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname, "hostname",
+                         why);
     }
     case OMNIVORE__ENVELOPE__BODY_WELCOME:
         m->u.welcome.protocol_version = env->welcome->protocol_version;
@@ -419,13 +430,13 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.error.code = (unsigned)env->error->code < OMV_REFUSE_COUNT_
                               ? (omv_refuse_t)env->error->code
                               : OMV_REFUSE_MALFORMED;
-        return copy_str(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason", why);
+        return copy_text(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason", why);
     case OMNIVORE__ENVELOPE__BODY_STOP:
         m->u.stop.reconnect = env->stop->reconnect;
-        return copy_str(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
+        return copy_text(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
     case OMNIVORE__ENVELOPE__BODY_LEAVE:
         m->u.leave.worker_id = env->leave->worker_id;
-        return copy_str(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason", why);
+        return copy_text(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason", why);
     default:
         FAIL("envelope has no message");
     }

@@ -91,6 +91,30 @@ START_TEST(test_unread_flood)
 }
 END_TEST
 
+/* A hostname with a newline cannot forge a line in `omnivorectl workers`. */
+START_TEST(test_hostname_newline)
+{
+    write_job(2, 2, "groups = 1");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "evil\nstate:forged\nworkers_alive:99");
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    static char out[65536];
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "workers"), 0);
+    ck_assert_msg(!has_text(out, "\nstate:forged") && !has_text(out, "\nworkers_alive:99"),
+                  "a forged line: %s", out);
+    ck_assert_msg(has_text(out, "evil\\x0astate:forged"), "hostname not shown escaped: %s", out);
+    peer_close(&p);
+    shutdown_daemon(d);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -99,6 +123,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_oversized_frames);
     tcase_add_test(tc, test_unread_flood);
+    tcase_add_test(tc, test_hostname_newline);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }

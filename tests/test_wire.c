@@ -149,6 +149,26 @@ START_TEST(test_welcome_without_std)
 }
 END_TEST
 
+/* Strings from a peer that a person reads are stored with their control characters escaped: a
+ * newline in a hostname cannot start a forged line in a log or a key:value reply. */
+START_TEST(test_peer_strings_escaped)
+{
+    omv_msg_t m = {.type = OMV_MSG_HELLO}, d;
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "evil\nworkers_alive:99\r\x1b[2J");
+    strcpy(m.u.hello.name, "back\\slash\t");
+    round_trip(&m, &d);
+    ck_assert_str_eq(d.u.hello.hostname, "evil\\x0aworkers_alive:99\\x0d\\x1b[2J");
+    ck_assert_str_eq(d.u.hello.name, "back\\\\slash\\x09");
+    omv_msg_t l = {.type = OMV_MSG_LEAVE};
+    memset(l.u.leave.reason, '\n', sizeof(l.u.leave.reason) - 1);
+    round_trip(&l, &d);
+    /* Cut where the next escape would not fit, never half-way through one. */
+    ck_assert_uint_eq(strlen(d.u.leave.reason), (OMV_WIRE_REASON_MAX - 1) / 4 * 4);
+    ck_assert(strncmp(d.u.leave.reason, "\\x0a\\x0a", 8) == 0);
+}
+END_TEST
+
 START_TEST(test_other_messages_round_trip)
 {
     omv_msg_t d[N_SAMPLES];
@@ -589,6 +609,7 @@ static Suite *wire_suite(void)
     TCase *tc = tcase_create("wire");
     tcase_add_test(tc, test_welcome_round_trip);
     tcase_add_test(tc, test_welcome_without_std);
+    tcase_add_test(tc, test_peer_strings_escaped);
     tcase_add_test(tc, test_other_messages_round_trip);
     tcase_add_test(tc, test_payload_count);
     tcase_add_test(tc, test_unknown_wire_refused);
