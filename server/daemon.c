@@ -5,6 +5,7 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,9 @@ const omv_config_entry_t omv_daemon_table[] = {
     {"security", "max_message_bytes", OMV_CONFIG_INT, FIELD(max_message_bytes), sizeof(int64_t),
      "0", 0, 1099511627776.0, 0,
      "largest frame a peer may send the worker endpoint (0: the start job's model, else 64 MiB)"},
+    {"security", "admin_group", STR(admin_group), "", 0, 0, 0,
+     "group whose members may submit, stop, regroup, checkpoint and shut down (besides root and "
+     "the daemon's user); others who reach the control socket may only read"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 
@@ -111,6 +115,11 @@ static void cron_reload(omv_daemon_t *d)
     }
 }
 
+static void cron_control(omv_daemon_t *d)
+{
+    omv_control_expire(d->control); /* a client that says nothing is let go */
+}
+
 static void cron_notify(omv_daemon_t *d)
 {
     omv_status_notify(d); /* systemd's STATUS= line (rate-limited in notify.c) */
@@ -127,6 +136,7 @@ static const cron_task_t cron_tasks[] = {
     {"expire silent members", 100, cron_members},
     {"the run's periodic work", 100, cron_run},
     {"reload on SIGHUP", 100, cron_reload},
+    {"control clients past their time", 100, cron_control},
     {"systemd status", 100, cron_notify},
 };
 
@@ -172,6 +182,18 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     d->created_s = omv_time_s();
     for (int i = 0; i < OMV_DAEMON_MAX_PENDING; i++)
         d->pending[i].id = -1;
+    d->admin_gid = (gid_t)-1;
+    if (cfg->admin_group[0]) {
+        struct group *g = getgrnam(cfg->admin_group);
+        if (g == NULL) {
+            omv_log_error("[security] admin_group '%s' is not a group on this machine",
+                          cfg->admin_group);
+            free(d);
+            errno = EINVAL;
+            return NULL;
+        }
+        d->admin_gid = g->gr_gid;
+    }
     d->members = omv_members_new(OMV_MEMBERS_MAX);
     d->jobs = omv_jobs_new(cfg->state_dir, cfg->once);
     int r = -ENOMEM;
@@ -264,10 +286,10 @@ static void say_goodbye(omv_daemon_t *d)
 /* One turn: waits for the sockets (at most until the next cron task), handles what came. */
 static int turn(omv_daemon_t *d, int64_t wait)
 {
-    int fds[1] = {omv_control_fd(d->control)};
-    short revents[1];
+    struct pollfd fds[OMV_CONTROL_POLL_MAX];
+    int nfds = omv_control_pollfds(d->control, fds, OMV_CONTROL_POLL_MAX);
     int router_ready = 0, pipes_ready = 0;
-    int r = omv_router_poll(d->router, fds, 1, revents, &router_ready, &pipes_ready,
+    int r = omv_router_poll(d->router, fds, nfds, &router_ready, &pipes_ready,
                             wait > 0 ? (int)wait : 0);
     if (r < 0 && r != -EINTR) {
         omv_log_error("poll failed: %s", omv_strerror(r));
@@ -280,8 +302,8 @@ static int turn(omv_daemon_t *d, int64_t wait)
         if (d->run)
             omv_run_progress(d->run);
     }
-    if (r > 0 && (revents[0] & POLLIN))
-        omv_control_serve(d->control, omv_commands_dispatch, d);
+    if (r > 0)
+        omv_control_serve(d->control, fds, nfds, omv_commands_dispatch, d);
     return 0;
 }
 

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <zmq.h>
 
-#define MAX_FDS 8
+#define MAX_FDS 64
 
 _Static_assert(sizeof(zmq_msg_t) <= sizeof(omv_payload_t), "omv_payload_t is too small");
 
@@ -89,23 +89,30 @@ void omv_router_destroy(omv_router_t **self_p)
     *self_p = NULL;
 }
 
-int omv_router_poll(omv_router_t *self, const int *fds, int nfds, short *revents, int *ret_router,
+int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms)
 {
     zmq_pollitem_t items[MAX_FDS + 1 + OMV_PIPE_MAX];
     if (nfds > MAX_FDS)
         return -EINVAL;
     items[0] = (zmq_pollitem_t){self->sock, 0, ZMQ_POLLIN, 0};
-    for (int i = 0; i < nfds; i++)
-        items[i + 1] = (zmq_pollitem_t){NULL, fds[i], ZMQ_POLLIN, 0};
+    for (int i = 0; i < nfds; i++) {
+        short ev = (short)(((fds[i].events & POLLIN) ? ZMQ_POLLIN : 0) |
+                           ((fds[i].events & POLLOUT) ? ZMQ_POLLOUT : 0));
+        items[i + 1] = (zmq_pollitem_t){NULL, fds[i].fd, ev, 0};
+    }
     for (int i = 0; i < self->n_pipes; i++)
         items[1 + nfds + i] = (zmq_pollitem_t){self->pipes[i]->sock, 0, ZMQ_POLLIN, 0};
     int n = zmq_poll(items, 1 + nfds + self->n_pipes, timeout_ms);
     if (n < 0)
         return -errno;
     *ret_router = (items[0].revents & ZMQ_POLLIN) != 0;
-    for (int i = 0; i < nfds; i++)
-        revents[i] = (items[i + 1].revents & ZMQ_POLLIN) ? POLLIN : 0;
+    for (int i = 0; i < nfds; i++) {
+        short re = items[i + 1].revents;
+        fds[i].revents =
+            (short)(((re & ZMQ_POLLIN) ? POLLIN : 0) | ((re & ZMQ_POLLOUT) ? POLLOUT : 0) |
+                    ((re & ZMQ_POLLERR) ? POLLERR : 0));
+    }
     int pipes = 0;
     for (int i = 0; i < self->n_pipes; i++)
         pipes |= (items[1 + nfds + i].revents & ZMQ_POLLIN) != 0;

@@ -2,6 +2,7 @@
  * daemon side). Each message comes with the peer that sent it, so replies go to that peer. */
 #pragma once
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,10 +28,10 @@ int64_t omv_router_max_message(const omv_router_t *self);
 void omv_router_destroy(omv_router_t **self_p);
 
 /* Waits up to timeout_ms for a message on the router, on any loop end of the pipes made with
- * omv_router_pipe, or input on any of fds[nfds]; revents[i] gets POLLIN for ready fds,
- * *ret_router whether the router has messages, *ret_pipes whether a pipe has. Returns >= 0 or
- * a negative errno (-EINTR on a signal). */
-int omv_router_poll(omv_router_t *self, const int *fds, int nfds, short *revents, int *ret_router,
+ * omv_router_pipe, or what fds[nfds] (at most 64) ask for (POLLIN, POLLOUT; their revents are
+ * set); *ret_router says whether the router has messages, *ret_pipes whether a pipe has.
+ * Returns >= 0 or a negative errno (-EINTR on a signal). */
+int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms);
 
 /* Receives one message without waiting. Returns 0, -EAGAIN when none is queued, or -EPROTO for a

@@ -33,6 +33,10 @@ static void section_daemon(const omv_daemon_t *d, omv_kv_t *kv)
     omv_kv_str(kv, "endpoint", d->cfg.endpoint);
     omv_kv_str(kv, "log_level", d->cfg.log_level);
     omv_kv_int(kv, "reloads_total", (int64_t)d->reloads_total);
+    uint64_t refused, timeouts;
+    omv_control_counts(d->control, &refused, &timeouts);
+    omv_kv_int(kv, "control_refused_total", (int64_t)refused);
+    omv_kv_int(kv, "control_timeouts_total", (int64_t)timeouts);
     omv_kv_int(kv, "reloads_failed_total", (int64_t)d->reloads_failed_total);
     omv_kv_int(kv, "jobs_queued", d->jobs->n_queue);
     omv_kv_int(kv, "jobs_submitted_total", (int64_t)d->jobs->submitted_total);
