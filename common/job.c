@@ -391,7 +391,43 @@ int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
     return r;
 }
 
+/* Calls check on each path of a comma-separated list. */
+static int check_list(const char *list, omv_job_path_check_fn check, void *ctx, char *err)
+{
+    char item[OMV_JOB_PATH_MAX];
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0 && n < sizeof(item)) {
+            memcpy(item, p, n);
+            item[n] = '\0';
+            int r = check(ctx, item, err);
+            if (r < 0)
+                return r;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+int omv_job_check_paths(const omv_job_t *job, omv_job_path_check_fn check, void *ctx, char *err)
+{
+    const char *paths[] = {job->train_images, job->train_labels, job->test_images, job->test_labels,
+                           job->definition};
+    for (size_t i = 0; i < OMV_ARRAY_SIZE(paths); i++) {
+        int r = check_list(paths[i], check, ctx, err);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
 int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err)
+{
+    return omv_job_load_text_checked(ret_job, path, text, NULL, NULL, err);
+}
+
+int omv_job_load_text_checked(omv_job_t *ret_job, const char *path, const char *text,
+                              omv_job_path_check_fn check, void *ctx, char *err)
 {
     omv_job_t job;
     memset(&job, 0, sizeof(job));
@@ -425,6 +461,11 @@ int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, ch
             snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: path '%s' is too long", path, paths[i]);
             return -ENAMETOOLONG;
         }
+    }
+    if (check != NULL) {
+        r = omv_job_check_paths(&job, check, ctx, err);
+        if (r < 0)
+            return r;
     }
     r = validate_model(&job, path, layers_line, err);
     if (r < 0)

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -115,6 +117,108 @@ START_TEST(test_hostname_newline)
 }
 END_TEST
 
+/* Sends line to the control socket as uid:gid (no supplementary groups), from a child; the
+ * reply's status and body come back through a pipe into out[cap]. */
+static int request_as(uid_t uid, gid_t gid, const char *line, char *out, size_t cap)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(3);
+        omv_strbuf_t body;
+        omv_strbuf_init(&body);
+        int r = omv_control_request(sock_path, line, &body, 5000);
+        dprintf(fds[1], "%d\n%s", r, omv_strbuf_str(&body));
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t len = 0;
+    ssize_t n;
+    while (len < cap - 1 && (n = read(fds[0], out + len, cap - 1 - len)) > 0)
+        len += (size_t)n;
+    out[len] = '\0';
+    close(fds[0]);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the client could not run");
+    return atoi(out);
+}
+
+/* Who may change the daemon, and what it reads for them: a caller outside the admin group may
+ * only read; one inside may submit, but only files they could read themselves, and a refusal
+ * quotes nothing of a secret file (its first key, bytes, size or existence). */
+START_TEST(test_control_callers)
+{
+    if (geteuid() != 0) {
+        printf("test_control_callers: skipped: needs root to play other users\n");
+        return;
+    }
+    char secret[700], conf[700], job2[700], out[8192];
+    snprintf(secret, sizeof(secret), "%s/secret.ini", test_dir);
+    FILE *f = fopen(secret, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[job]\nhunter2 = yes\n");
+    fclose(f);
+    chmod(secret, 0600);
+    model_section = "definition = secret.ini";
+    write_job(1, 2, "groups = 1");
+    snprintf(job2, sizeof(job2), "%s/job2.ini", test_dir);
+    ck_assert_int_eq(rename(job_path, job2), 0);
+    model_section = "layers = 64 32 4";
+    write_job(1, 2, "groups = 1");
+    chmod(test_dir, 0755);
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    f = fopen(conf, "w");
+    fprintf(f, "[security]\nadmin_group = nogroup\n");
+    fclose(f);
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--config",
+                    conf,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
+    pid_t d = start_daemon_argv(argv);
+    chmod(sock_path, 0666);
+
+    /* uid 54321 is in no group that may change anything: it reads, and is refused the rest. */
+    ck_assert_int_eq(request_as(54321, 54321, "status", out, sizeof(out)), 0);
+    ck_assert_int_eq(request_as(54321, 54321, "shutdown", out, sizeof(out)), -EREMOTEIO);
+    ck_assert_msg(strstr(out, "'shutdown' changes the daemon") && strstr(out, "uid 54321"), "%s",
+                  out);
+    char line[800];
+    snprintf(line, sizeof(line), "submit %s", job_path);
+    ck_assert_int_eq(request_as(54321, 54321, line, out, sizeof(out)), -EREMOTEIO);
+    ck_assert_msg(strstr(out, "changes the daemon"), "%s", out);
+
+    /* nobody (group nogroup, the admin group) may submit, but not a file it cannot read, nor a
+     * job whose definition it cannot read; the refusals say the same for a missing file. */
+    const char *secrets[] = {secret, job2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(line, sizeof(line), "submit %s", secrets[i]);
+        ck_assert_int_eq(request_as(65534, 65534, line, out, sizeof(out)), -EREMOTEIO);
+        ck_assert_msg(strstr(out, "uid 65534 cannot read it (it is missing, or"), "%s", out);
+        ck_assert_msg(!strstr(out, "hunter2") && !strstr(out, "bytes"), "quoted: %s", out);
+    }
+    snprintf(line, sizeof(line), "submit %s/nothing-here.ini", test_dir);
+    ck_assert_int_eq(request_as(65534, 65534, line, out, sizeof(out)), -EREMOTEIO);
+    ck_assert_msg(strstr(out, "uid 65534 cannot read it (it is missing, or"), "%s", out);
+    snprintf(line, sizeof(line), "submit %s", job_path);
+    ck_assert_int_eq(request_as(65534, 65534, line, out, sizeof(out)), 0);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -124,6 +228,7 @@ int main(void)
     tcase_add_test(tc, test_oversized_frames);
     tcase_add_test(tc, test_unread_flood);
     tcase_add_test(tc, test_hostname_newline);
+    tcase_add_test(tc, test_control_callers);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }
