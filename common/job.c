@@ -95,7 +95,8 @@ const omv_config_entry_t omv_job_table[] = {
     {"optimizer", "first_grid_cold_lr", BOOL(first_grid_cold_lr), "yes", 0, 1, 0,
      "the first search's grids probe only the cold start's learning rate (no: a tenth too)"},
     {"checkpoint", "dir", STR(checkpoint_dir), "", 0, 0, 0,
-     "where checkpoints go (empty: STATE_DIR/checkpoints/JOB_NAME, STATE_DIR from the daemon)"},
+     "where checkpoints go, in the daemon's state folder (relative: to it) or its [security] "
+     "checkpoint_root (empty: STATE_DIR/checkpoints/JOB_NAME)"},
     {"checkpoint", "every_s", DBL(checkpoint_every_s), "60", 0, 1e7, 0,
      "write a checkpoint this often while training (0: not by time)"},
     {"checkpoint", "every_steps", INT(checkpoint_every_steps), "0", 0, 1e12, 0,

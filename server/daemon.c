@@ -40,6 +40,8 @@ const omv_config_entry_t omv_daemon_table[] = {
     {"security", "admin_group", STR(admin_group), "", 0, 0, 0,
      "group whose members may submit, stop, regroup, checkpoint and shut down (besides root and "
      "the daemon's user); others who reach the control socket may only read"},
+    {"security", "checkpoint_root", STR(checkpoint_root), "", 0, 0, 0,
+     "a folder besides the state folder where a job's [checkpoint] dir may lie (empty: none)"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 

@@ -1110,7 +1110,9 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
     e = setup_model(r);
     if (e < 0)
         goto fail;
-    omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir);
+    e = omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir, r->env.checkpoint_root);
+    if (e < 0)
+        goto fail;
     if (job->optimizer) {
         /* Its decisions file goes beside the checkpoints. */
         r->tuner = omv_tuner_new(job, r->ckpt.enabled ? r->ckpt.dir : NULL);

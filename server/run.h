@@ -38,8 +38,9 @@ typedef struct {
     omv_router_t *router;
     omv_members_t *members;
     omv_refusals_t *refusals;
-    const char *state_dir; /* checkpoints go under it unless the job says */
-    int once;              /* the workers exit when the job ends (omnivored --once) */
+    const char *state_dir;       /* checkpoints go under it unless the job says */
+    const char *checkpoint_root; /* another folder a job's checkpoints may go to ("": none) */
+    int once;                    /* the workers exit when the job ends (omnivored --once) */
 } omv_run_env_t;
 
 /* How a requested stop ends, once a checkpoint of whole steps is written (or too late). */

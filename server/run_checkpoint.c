@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,22 +13,80 @@
 #include "strbuf.h"
 #include "util.h"
 
-void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir)
+/* Whether path names a folder inside root (lexically, and after following the links of the part
+ * that exists already), so that neither ".." nor a link leads a job's checkpoints out. */
+static int inside(const char *path, const char *root)
 {
-    memset(self, 0, sizeof(*self));
-    if (job->checkpoint_dir[0])
-        omv_strlcpy(self->dir, job->checkpoint_dir, sizeof(self->dir));
+    size_t n = strlen(root);
+    while (n > 1 && root[n - 1] == '/')
+        n--;
+    if (n == 0 || strncmp(path, root, n) != 0 || (path[n] != '/' && path[n] != '\0'))
+        return 0;
+    char real_root[PATH_MAX], probe[PATH_MAX], real[PATH_MAX];
+    if (realpath(root, real_root) == NULL)
+        return 1; /* made below, by us: nothing in it can lead out yet */
+    if (omv_strlcpy(probe, path, sizeof(probe)) < 0)
+        return 0;
+    /* The deepest folder of path that exists, resolved. */
+    while (realpath(probe, real) == NULL) {
+        char *slash = strrchr(probe, '/');
+        if (slash == NULL || slash == probe)
+            return 0;
+        *slash = '\0';
+    }
+    size_t m = strlen(real_root);
+    return strncmp(real, real_root, m) == 0 && (real[m] == '/' || real[m] == '\0' || m == 1);
+}
+
+static int has_dotdot(const char *path)
+{
+    for (const char *p = path; (p = strstr(p, "..")) != NULL; p += 2)
+        if ((p == path || p[-1] == '/') && (p[2] == '/' || p[2] == '\0'))
+            return 1;
+    return 0;
+}
+
+/* The folder for the job's checkpoints: [checkpoint] dir (relative: to the state folder), else
+ * STATE_DIR/checkpoints/NAME; it must lie in the state folder or in root (may be ""). */
+static int choose_dir(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir,
+                      const char *root)
+{
+    const char *d = job->checkpoint_dir;
+    if (d[0] == '/')
+        omv_strlcpy(self->dir, d, sizeof(self->dir));
+    else if (d[0] && state_dir[0])
+        snprintf(self->dir, sizeof(self->dir), "%s/%s", state_dir, d);
     else if (state_dir[0])
         snprintf(self->dir, sizeof(self->dir), "%s/checkpoints/%s", state_dir, job->name);
     if (self->dir[0] == '\0')
-        return;
-    int r = omv_checkpoint_mkdirs(self->dir);
+        return 0;
+    if (!has_dotdot(self->dir) &&
+        ((state_dir[0] && inside(self->dir, state_dir)) || (root[0] && inside(self->dir, root))))
+        return 0;
+    omv_log_error("job '%s': checkpoint folder '%s' is outside the state folder '%s'%s%s%s: "
+                  "refused (a job may not write elsewhere; the daemon's [security] "
+                  "checkpoint_root allows another folder)",
+                  job->name, self->dir, state_dir, root[0] ? " and '" : "", root,
+                  root[0] ? "'" : "");
+    self->dir[0] = '\0';
+    return -EPERM;
+}
+
+int omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir,
+                      const char *root)
+{
+    memset(self, 0, sizeof(*self));
+    int r = choose_dir(self, job, state_dir, root ? root : "");
+    if (r < 0 || self->dir[0] == '\0')
+        return r;
+    r = omv_checkpoint_mkdirs(self->dir);
     if (r < 0)
         omv_log_warn("checkpoints are off: cannot create %s: %s (set [daemon] state_dir or "
                      "[checkpoint] dir to a folder this user may write)",
                      self->dir, omv_strerror(r));
     else
         self->enabled = 1;
+    return 0;
 }
 
 static char *members_text(const omv_members_t *members, const omv_groups_t *groups)

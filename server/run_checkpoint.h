@@ -45,10 +45,13 @@ typedef struct {
     const omv_tuner_t *tuner; /* may be NULL */
 } omv_run_ckpt_view_t;
 
-/* Sets where the job's checkpoints go ([checkpoint] dir, else STATE_DIR/checkpoints/NAME; none
- * without either) and creates the folder; one that cannot be made turns checkpoints off, with a
- * warning that says what to change. */
-void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir);
+/* Sets where the job's checkpoints go ([checkpoint] dir, relative to state_dir, else
+ * STATE_DIR/checkpoints/NAME; none without either) and creates the folder; one that cannot be
+ * made turns checkpoints off, with a warning that says what to change. Returns 0, or -EPERM
+ * (logged, naming the path) for a folder outside state_dir and outside root (may be NULL or "":
+ * no other root), through ".." or a link: the job must not run. */
+int omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir,
+                      const char *root);
 
 /* Writes a checkpoint from view now, prunes older ones, and clears due. Returns 0 or a negative
  * errno (logged, counted). */
