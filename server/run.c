@@ -210,6 +210,7 @@ void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
     omv_log_info("eval: epoch %.2f test_accuracy %.4f test_loss %.4f (%u images)", ev->epoch, acc,
                  e->loss, e->total);
     if (r->state == JOB_FINISHING) {
+        r->final_eval = ev->final_sent;
         if (ev->final_sent)
             omv_run_finish(r, JOB_DONE, "job done");
         else
@@ -219,6 +220,7 @@ void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
         omv_log_info("test accuracy %.4f reached [job] stop_at_accuracy = %g after %.1f s", acc,
                      r->job.stop_at_accuracy, ev->wall_s);
         r->train_end_s = omv_time_s();
+        r->final_eval = 1;
         omv_run_finish(r, JOB_DONE, "reached stop_at_accuracy");
     } else if (ev->wanted) {
         request_eval(r);
@@ -667,7 +669,7 @@ static void log_end(omv_run_t *r, job_state_t state, const char *why)
     if (state == JOB_DONE) {
         double train_s = omv_run_train_seconds(r);
         omv_log_info("job '%s' done: test_accuracy %.4f, %.2f epochs, %.1f s, %.0f images/s",
-                     r->job.name, omv_eval_last_accuracy(&r->eval), omv_run_epoch(r),
+                     r->job.name, omv_run_result_accuracy(r), omv_run_epoch(r),
                      omv_run_wall_seconds(r),
                      train_s > 0 ? (double)r->images_total / train_s : 0.0);
         return;
@@ -699,7 +701,14 @@ void omv_run_finish(omv_run_t *r, job_state_t state, const char *why)
     }
     log_end(r, state, why);
     if (state == JOB_DONE && r->ckpt.enabled)
-        write_checkpoint(r);
+        r->final_ckpt = write_checkpoint(r) < 0 ? -1 : 1;
+}
+
+double omv_run_result_accuracy(const omv_run_t *r)
+{
+    if (r->state == JOB_DONE && !r->final_eval)
+        return NAN;
+    return omv_eval_last_accuracy(&r->eval);
 }
 
 /* Training reached its images: the final evaluation, then done. */
@@ -1019,6 +1028,9 @@ static int resume(omv_run_t *r, const omv_checkpoint_t *c)
             break;
     omv_tuner_load(r->tuner, &c->opt);
     if (c->finished) {
+        /* Its final checkpoint, written after its final evaluation (if it had one). */
+        r->final_eval = c->n_history > 0;
+        r->final_ckpt = 1;
         r->state = JOB_DONE;
         r->start_s = r->end_s = r->train_end_s = omv_time_s();
     }

@@ -155,9 +155,11 @@ int omv_run_ckpt_write(omv_run_ckpt_t *self, const omv_run_ckpt_view_t *view)
     self->last_step = step == UINT64_MAX ? 0 : step;
     if (r < 0) {
         self->failed_total++;
+        omv_strlcpy(self->last_error, err, sizeof(self->last_error));
         omv_log_error("checkpoint %" PRIu64 " failed: %s", c.seq, err);
     } else {
         self->written_total++;
+        self->last_error[0] = '\0';
         self->last_ms = (omv_time_s() - t0) * 1000.0;
         int removed = omv_checkpoint_prune(self->dir, (unsigned)view->job->checkpoint_keep);
         omv_log_info("checkpoint %s written in %.0f ms (epoch %.2f, %" PRIu64 " images)%s",

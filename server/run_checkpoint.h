@@ -26,7 +26,8 @@ typedef struct {
     char resumed_from[OMV_JOB_PATH_MAX + 64];
     double resumed_epoch; /* where the job stood in it */
     uint64_t written_total, failed_total;
-    double last_ms; /* how long the last write took */
+    double last_ms;                          /* how long the last write took */
+    char last_error[OMV_CHECKPOINT_ERR_MAX]; /* why the last write failed; "" after a success */
 } omv_run_ckpt_t;
 
 /* What a checkpoint is written from: the run fills it, borrowing everything. */

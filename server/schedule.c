@@ -33,7 +33,7 @@ static void record(omv_jobs_t *jobs, const omv_run_t *run)
     omv_finished_job_t f = {
         .id = run->id,
         .state = run->state,
-        .accuracy = omv_eval_last_accuracy(&run->eval),
+        .accuracy = omv_run_result_accuracy(run),
         .epochs = omv_run_epoch(run),
         .wall_s = omv_run_wall_seconds(run),
         .end_s = omv_time_s(),

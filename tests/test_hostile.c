@@ -1,6 +1,7 @@
 /* Integration tests with a hostile peer on the worker endpoint: floods and oversized frames are
  * refused with the daemon's memory bounded, and strings from peers cannot forge lines. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -219,6 +220,120 @@ START_TEST(test_control_callers)
 }
 END_TEST
 
+/* The pid of a child of parent whose command line contains what, or 0. */
+static pid_t child_with(pid_t parent, const char *what)
+{
+    DIR *dir = opendir("/proc");
+    ck_assert_ptr_nonnull(dir);
+    pid_t found = 0;
+    struct dirent *de;
+    while (found == 0 && (de = readdir(dir)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        char path[64], buf[4096];
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        int ppid = 0;
+        /* pid (comm) state ppid: comm has no spaces here */
+        if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1)
+            ppid = 0;
+        fclose(f);
+        if (ppid != parent)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+        f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = buf[i] ? buf[i] : ' ';
+        buf[n] = '\0';
+        if (strstr(buf, what))
+            found = pid;
+    }
+    closedir(dir);
+    return found;
+}
+
+/* A job whose final checkpoint fails, and whose final model is never evaluated (the evaluator
+ * is killed after an earlier evaluation), says both in its summary and shows neither the older
+ * accuracy nor an older checkpoint as its result. */
+START_TEST(test_honest_summary)
+{
+    write_job(1, 3, "groups = 1");
+    pid_t d = start_daemon();
+    /* Where the checkpoints go becomes a file: every write fails, the final one too. */
+    char folder[700];
+    snprintf(folder, sizeof(folder), "%s/checkpoints/blobs", test_dir);
+    ck_assert_int_eq(rmdir(folder), 0);
+    FILE *f = fopen(folder, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    pid_t ev = start_worker("evaluator");
+    pid_t tr = start_worker_slow("trainer", "15");
+    wait_status("evaluations_total", 1, 60000); /* the evaluation after epoch 1 */
+    kill(ev, SIGKILL);
+    waitpid(ev, NULL, 0);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done(&body, 120000);
+    control("summary", &body);
+    const char *s = omv_strbuf_str(&body);
+    ck_assert_msg(has_text(s, "final_evaluation:missing"), "%s", s);
+    ck_assert_msg(has_text(s, "\ntest_accuracy:\n"), "a stale accuracy: %s", s);
+    ck_assert_msg(has_text(s, "final_checkpoint:failed") && has_text(s, "\ncheckpoint:\n"), "%s",
+                  s);
+    ck_assert_msg(has_text(s, "checkpoint_error:cannot create checkpoint folder"), "%s", s);
+    ck_assert_msg(has_text(s, "eval_1:epoch=1.00"), "the earlier evaluation is history: %s", s);
+    control("summary --json", &body);
+    s = omv_strbuf_str(&body);
+    ck_assert_msg(has_text(s, "\"test_accuracy\":null") && has_text(s, "\"checkpoint\":\"\""), "%s",
+                  s);
+    omv_strbuf_fini(&body);
+    expect_exit_0(tr, "trainer");
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* omnivorectl run fails when the job's final model was not evaluated. */
+START_TEST(test_run_fails_without_final_evaluation)
+{
+    write_job(1, 2, "groups = 1");
+    char log[700];
+    snprintf(log, sizeof(log), "%s/run.log", test_dir);
+    pid_t ctl = fork();
+    ck_assert_int_ge(ctl, 0);
+    if (ctl == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        (void)f;
+        dup2(1, 2);
+        execl(bin("OMNIVORECTL"), "omnivorectl", "run", job_path, NULL);
+        _exit(127);
+    }
+    pid_t ev = 0;
+    int64_t deadline = omv_time_ms() + 30000;
+    while ((ev = child_with(ctl, "evaluator")) == 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "no evaluator started");
+        sleep_ms(5);
+    }
+    kill(ev, SIGKILL);
+    int status;
+    ck_assert_int_eq(waitpid(ctl, &status, 0), ctl);
+    char out[65536] = "";
+    FILE *f = fopen(log, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d: %s", status, out);
+    ck_assert_msg(has_text(out, "final model was not evaluated"), "%s", out);
+    ck_assert_msg(has_text(out, "final_evaluation:missing"), "%s", out);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -229,6 +344,8 @@ int main(void)
     tcase_add_test(tc, test_unread_flood);
     tcase_add_test(tc, test_hostname_newline);
     tcase_add_test(tc, test_control_callers);
+    tcase_add_test(tc, test_honest_summary);
+    tcase_add_test(tc, test_run_fails_without_final_evaluation);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }

@@ -288,6 +288,32 @@ static int wait_for_job(cluster_t *cl, omv_strbuf_t *body, char *state, size_t c
     return 0;
 }
 
+/* Whether a done job ended with its final model both evaluated and checkpointed (or
+ * checkpoints off); says on stderr what is missing. A job without its result is no success. */
+static int honest_end(cluster_t *cl)
+{
+    omv_strbuf_t s;
+    omv_strbuf_init(&s);
+    char ckpt[32] = "", eval[32] = "", why[512] = "";
+    int ok = omv_ctl_request(cl->sock, "summary", &s) == 0;
+    if (ok) {
+        field(omv_strbuf_str(&s), "final_checkpoint", ckpt, sizeof(ckpt));
+        field(omv_strbuf_str(&s), "final_evaluation", eval, sizeof(eval));
+        field(omv_strbuf_str(&s), "checkpoint_error", why, sizeof(why));
+    }
+    if (strcmp(ckpt, "failed") == 0) {
+        fprintf(stderr, "omnivorectl: the job's final checkpoint failed: %s\n", why);
+        ok = 0;
+    }
+    if (strcmp(eval, "missing") == 0) {
+        fprintf(stderr, "omnivorectl: the job's final model was not evaluated (the evaluator "
+                        "was lost): it has no final test accuracy\n");
+        ok = 0;
+    }
+    omv_strbuf_fini(&s);
+    return ok;
+}
+
 /* Trains the job on the cluster: the daemon, then (once it answers) the workers; waits for the
  * end and prints the summary, after the report when one was asked for. Returns the exit
  * status. */
@@ -308,6 +334,8 @@ static int train(cluster_t *cl, const run_args_t *a, const omv_job_t *job, omv_s
         return 130;
     }
     int rc = strcmp(state, "done") == 0 ? 0 : 1;
+    if (rc == 0 && !honest_end(cl))
+        rc = 1;
     if (a->report_dir && omv_ctl_write_report(cl->sock, a->report_dir, NULL, 0, 1) != 0)
         rc = 1;
     if (omv_ctl_request(cl->sock, a->json ? "summary --json" : "summary", body) == 0)
