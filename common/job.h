@@ -49,6 +49,8 @@ typedef struct {
     double learning_rate;
     double momentum;
     double weight_decay;
+    double gradient_norm_bound;   /* x the shard's running gradient norm; 0: none */
+    int64_t gradient_norm_warmup; /* gradients per shard before the bound applies */
     /* [cluster] */
     int64_t workers;
     int64_t groups;

@@ -89,6 +89,22 @@ int omv_all_finite(const float *v, size_t n)
     return bad == 0;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+float omv_sum_squares(const float *v, size_t n)
+{
+    /* Eight partial sums, so that the loop vectorises without reassociating one. */
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            acc[k] += v[i + k] * v[i + k];
+    for (; i < n; i++)
+        acc[0] += v[i] * v[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 void omv_keep_memory_resident(void)
 {
     /* glibc maps buffers over its threshold (128 KiB, growing) fresh from the kernel and

@@ -27,3 +27,6 @@ int omv_str_escape(char *dst, const char *src, size_t cap);
 void omv_keep_memory_resident(void);
 
 int omv_all_finite(const float *v, size_t n);
+
+/* The sum of the squares of v[n], in float: infinite for values whose squares overflow. */
+float omv_sum_squares(const float *v, size_t n);

@@ -38,7 +38,8 @@ static void arena_free(void *data, void *ptr)
 }
 
 static const char *const refuse_names[] = {
-    "none", "malformed", "version", "unknown_worker", "shape", "not_finite", "step", "full", "role",
+    "none",       "malformed", "version", "unknown_worker", "shape",
+    "not_finite", "step",      "full",    "role",           "norm",
 };
 
 const char *omv_refuse_name(omv_refuse_t code)

@@ -633,7 +633,9 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .sgd = r->sgd,
                            .solo = omv_groups_live(r->groups, group) == 1,
                            .wire = p->wire,
-                           .weight = m->weight};
+                           .weight = m->weight,
+                           .norm_bound = (float)r->job.gradient_norm_bound,
+                           .norm_warmup = (uint32_t)r->job.gradient_norm_warmup};
     omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, &payload);
     if (p->shard == 0)
         count_step(r, m, group, p);

@@ -3,6 +3,7 @@
 #include "shard_thread.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -51,7 +52,10 @@ struct omv_shard_thread {
     uint64_t version;  /* updates applied */
     snapshot_t snaps[MAX_SNAPSHOTS];
     int n_snaps;
-    float *scratch; /* [count] for a gradient whose bytes are not float-aligned */
+    float *scratch;         /* [count] for a gradient whose bytes are not float-aligned */
+    double norm_mean;       /* running mean of the (nonzero) gradient norms accepted */
+    uint64_t norms_learned; /* how many went into it */
+    float last_norm;        /* of the gradient refused last, for the reply */
     atomic_uint_fast64_t snapshots_made, serves;
     /* Pulls answered with a copy of their own, and those copies freed by release_copy (on
      * whichever thread closes the last message that holds one). */
@@ -112,8 +116,9 @@ static void reply(omv_shard_thread_t *self, uint32_t type, const omv_shard_cmd_t
                   const void *peer, size_t peer_len, const void *env, size_t env_len,
                   omv_payload_t *payload)
 {
-    omv_shard_reply_t rep = {type,           self->index, cmd->group,
-                             cmd->worker_id, cmd->step,   (uint32_t)peer_len};
+    omv_shard_reply_t rep = {
+        type,      self->index,        cmd->group,      cmd->worker_id,
+        cmd->step, (uint32_t)peer_len, self->last_norm, (float)self->norm_mean};
     if (peer_len)
         memcpy(self->extra, peer, peer_len);
     if (env_len)
@@ -175,6 +180,28 @@ static const float *as_weighted_f32(omv_shard_thread_t *self, const omv_shard_cm
     return grad;
 }
 
+/* Whether a finite gradient's norm is within the bound of what the shard has been receiving;
+ * one that is goes into the running mean (zero gradients teach nothing and are not counted,
+ * so that a run of them cannot lower the bar). */
+static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const float *grad,
+                     const void *g16)
+{
+    if (cmd->norm_bound <= 0.0f)
+        return 1;
+    uint32_t n = self->shard->count;
+    float norm = sqrtf(g16 ? omv_bf16_sum_squares(g16, n) : omv_sum_squares(grad, n));
+    if (self->norms_learned >= cmd->norm_warmup && !(norm <= cmd->norm_bound * self->norm_mean)) {
+        self->last_norm = norm;
+        return 0;
+    }
+    if (norm > 0.0f) {
+        double w = self->norms_learned < 20 ? 1.0 / (double)(self->norms_learned + 1) : 0.05;
+        self->norm_mean += w * ((double)norm - self->norm_mean);
+        self->norms_learned++;
+    }
+    return 1;
+}
+
 static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                     size_t peer_len, omv_payload_t *payload)
 {
@@ -193,10 +220,12 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
     int direct = cmd->wire == OMV_WIRE_BF16 && (cmd->weight == 0.0f || cmd->weight == 1.0f);
     const float *grad = direct ? NULL : as_weighted_f32(self, cmd, data, len);
     int finite = direct ? omv_bf16_all_finite(data, sh->count) : omv_all_finite(grad, sh->count);
-    if (finite)
-        add_gradient(self, cmd, grad, direct ? data : NULL);
-    else
+    if (!finite)
         reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
+    else if (!norm_fits(self, cmd, grad, direct ? data : NULL))
+        reply(self, OMV_SHARD_REPLY_NORM, cmd, peer, peer_len, NULL, 0, NULL);
+    else
+        add_gradient(self, cmd, grad, direct ? data : NULL);
     omv_payload_close(payload);
 }
 

@@ -3,6 +3,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,6 +91,55 @@ START_TEST(test_unread_flood)
     ck_assert_msg(after - before < 20 * 1024, "RSS grew from %ld to %ld KiB", before, after);
     peer_close(&p);
     ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* A registered trainer that pushes 3e38 in every element (finite, so no NaN check catches it)
+ * after some ordinary steps: each shard refuses it as far outside the norms it has been
+ * receiving, and the step goes on without it, leaving the model as it was. */
+START_TEST(test_huge_gradient_refused)
+{
+    write_job(1, 2, "groups = 1\nshards = 3\nwire = fp32");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "stranger");
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    const omv_jobspec_t *j = &w.u.welcome.job;
+    uint32_t id = w.u.welcome.worker_id;
+    size_t n = j->param_count;
+    float *model = calloc(n, sizeof(float)), *after = calloc(n, sizeof(float));
+    float *grad = calloc(n, sizeof(float));
+    uint64_t step = 0;
+    /* The job's default bound learns from the first 10 gradients of each shard. */
+    for (; step <= 12; step++) {
+        pull_model(&p, id, step, j, model);
+        for (size_t i = 0; i < n; i++)
+            grad[i] = (step == 12 ? 3e38f : 1e-3f) * (i % 2 ? 1.0f : -1.0f);
+        for (uint32_t s = 0; s < j->n_shards; s++) {
+            uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
+            omv_msg_t push = {.type = OMV_MSG_PUSH};
+            push.u.push = (omv_push_t){id, step, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+            peer_send(&p, &push, grad + off, cnt);
+            if (step == 12)
+                expect_error(&p, OMV_REFUSE_NORM);
+        }
+    }
+    pull_model(&p, id, step, j, after);
+    ck_assert_int_eq(memcmp(model, after, n * sizeof(float)), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabsf(after[i]) < 100.0f, "parameter %zu is %g", i, (double)after[i]);
+    ck_assert_int_eq((int)status_field("refused_norm_total"), (int)j->n_shards);
+    peer_close(&p);
+    free(model);
+    free(after);
+    free(grad);
     shutdown_daemon(d);
 }
 END_TEST
@@ -343,6 +393,7 @@ int main(void)
     tcase_add_test(tc, test_oversized_frames);
     tcase_add_test(tc, test_unread_flood);
     tcase_add_test(tc, test_hostname_newline);
+    tcase_add_test(tc, test_huge_gradient_refused);
     tcase_add_test(tc, test_control_callers);
     tcase_add_test(tc, test_honest_summary);
     tcase_add_test(tc, test_run_fails_without_final_evaluation);

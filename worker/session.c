@@ -120,6 +120,7 @@ static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
         case OMV_MSG_ERROR:
             switch (m->u.error.code) {
             case OMV_REFUSE_NOT_FINITE:
+            case OMV_REFUSE_NORM:
                 /* The daemon dropped our gradient; the model is intact and the step goes on. */
                 omv_log_warn("daemon refused a gradient: \"%s\"", m->u.error.reason);
                 continue;
