@@ -76,6 +76,9 @@ const omv_config_entry_t omv_job_table[] = {
      "daemon keeps and updates fp32) or fp32 (exact)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead"},
+    {"cluster", "progress_timeout_s", DBL(progress_timeout_s), "60", 0.1, 86400, 0,
+     "a trainer of a running job that pushes no gradient this long (and waits for no other "
+     "group) is declared dead: heartbeats alone do not hold a place in a group"},
     {"cluster", "start_timeout_s", DBL(start_timeout_s), "60", 0.1, 86400, 0,
      "start with the workers that came (at least one) when not all came within this long"},
     {"eval", "every_epochs", DBL(eval_every_epochs), "0.5", 0, 1000, 0,

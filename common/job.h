@@ -57,7 +57,8 @@ typedef struct {
     int64_t staleness; /* -1: no bound */
     int64_t shards;
     double worker_timeout_s;
-    double start_timeout_s; /* start with fewer than `workers` after this long */
+    double progress_timeout_s; /* a trainer that pushes nothing this long is dead */
+    double start_timeout_s;    /* start with fewer than `workers` after this long */
     /* [eval] */
     double eval_every_epochs; /* 0: only at the end */
     int64_t eval_batch_size;

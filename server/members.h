@@ -27,8 +27,9 @@ typedef struct {
     uint32_t pid;
     uint32_t previous_id; /* the id it had before it rejoined; 0 for a first registration */
     int64_t joined_ms, last_seen_ms;
-    uint64_t steps;  /* steps pushed */
-    uint64_t images; /* images pushed */
+    int64_t last_push_ms; /* when it last pushed a gradient; 0: never */
+    uint64_t steps;       /* steps pushed */
+    uint64_t images;      /* images pushed */
     float last_compute_ms;
     uint32_t slice_begin, slice_count; /* its part of the training set now */
     int parked;                        /* a pull is waiting */

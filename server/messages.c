@@ -195,6 +195,21 @@ void omv_messages_drain(omv_daemon_t *d)
     }
 }
 
+/* A trainer that only sends heartbeats holds its group's step for good: one of a running job
+ * that has pushed nothing for the job's progress_timeout_s, since it joined or the job started
+ * and while no pull of its waits for another group, is given up as a silent one is. */
+static int stalled(const omv_run_t *r, const member_t *m, int64_t now, double *ret_s)
+{
+    if (r == NULL || r->state != JOB_RUNNING || m->state != MEMBER_ALIVE ||
+        m->role != OMV_ROLE_TRAINER || m->parked)
+        return 0;
+    int64_t since = m->last_push_ms > m->joined_ms ? m->last_push_ms : m->joined_ms;
+    int64_t start = (int64_t)(r->start_s * 1000.0);
+    since = since > start ? since : start;
+    *ret_s = (double)(now - since) / 1000.0;
+    return *ret_s > r->job.progress_timeout_s;
+}
+
 void omv_messages_expire(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
@@ -202,11 +217,18 @@ void omv_messages_expire(omv_daemon_t *d)
     int job_on = d->run && !OMV_JOB_OVER(d->run->state);
     for (uint32_t i = 0; i < d->members->n; i++) {
         member_t *m = &d->members->records[i];
-        if (!((m->state == MEMBER_ALIVE && job_on) || m->state == MEMBER_IDLE) ||
-            now - m->last_seen_ms <= timeout)
+        double idle_s = 0;
+        if (stalled(d->run, m, now, &idle_s)) {
+            omv_log_warn("worker %u (\"%s\" pid %u) pushed no gradient for %.1f s (heartbeats "
+                         "alone hold no place): declared dead",
+                         i + 1, m->host, m->pid, idle_s);
+        } else if (!((m->state == MEMBER_ALIVE && job_on) || m->state == MEMBER_IDLE) ||
+                   now - m->last_seen_ms <= timeout) {
             continue;
-        omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1, m->host,
-                     m->pid, (double)(now - m->last_seen_ms) / 1000.0);
+        } else {
+            omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1,
+                         m->host, m->pid, (double)(now - m->last_seen_ms) / 1000.0);
+        }
         d->members->deaths_total++;
         if (d->run)
             omv_run_member_gone(d->run, m, MEMBER_DEAD);

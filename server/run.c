@@ -622,6 +622,7 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
     if (!push_fits(r, m, p, who))
         return;
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    m->last_push_ms = omv_time_ms();
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
      * back as a refusal and stays out of the sum. The step goes on either way. */
     omv_payload_t payload;

@@ -144,6 +144,46 @@ START_TEST(test_huge_gradient_refused)
 }
 END_TEST
 
+/* A registration that only sends heartbeats cannot hold a synchronous job: it is declared dead
+ * once it has pushed nothing for [cluster] progress_timeout_s, and the job goes on to the end
+ * with the real worker. */
+START_TEST(test_heartbeat_only_member_expires)
+{
+    write_job(2, 2, "groups = 1\nprogress_timeout_s = 2");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "squatter");
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+    hb.u.heartbeat.worker_id = w.u.welcome.worker_id;
+    pid_t tr = start_worker("trainer");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 60000;
+    for (;;) {
+        peer_send(&p, &hb, NULL, 0); /* answers are never read */
+        control("status", &body);
+        char state[32] = "";
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            break;
+        ck_assert_msg(omv_time_ms() < deadline, "the job stalled: %s", omv_strbuf_str(&body));
+        sleep_ms(200);
+    }
+    ck_assert_msg(field(omv_strbuf_str(&body), "deaths_total") >= 1, "%s", omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    expect_exit_0(tr, "trainer");
+    peer_close(&p);
+    shutdown_daemon(d);
+}
+END_TEST
+
 /* A hostname with a newline cannot forge a line in `omnivorectl workers`. */
 START_TEST(test_hostname_newline)
 {
@@ -393,6 +433,7 @@ int main(void)
     tcase_add_test(tc, test_oversized_frames);
     tcase_add_test(tc, test_unread_flood);
     tcase_add_test(tc, test_hostname_newline);
+    tcase_add_test(tc, test_heartbeat_only_member_expires);
     tcase_add_test(tc, test_huge_gradient_refused);
     tcase_add_test(tc, test_control_callers);
     tcase_add_test(tc, test_honest_summary);
