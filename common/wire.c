@@ -38,8 +38,8 @@ static void arena_free(void *data, void *ptr)
 }
 
 static const char *const refuse_names[] = {
-    "none",       "malformed", "version", "unknown_worker", "shape",
-    "not_finite", "step",      "full",    "role",           "norm",
+    "none", "malformed", "version", "unknown_worker", "shape", "not_finite",
+    "step", "full",      "role",    "norm",           "auth",
 };
 
 const char *omv_refuse_name(omv_refuse_t code)

@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allow.h"
+#include "cert.h"
 #include "commands.h"
 #include "daemon_priv.h"
 #include "log.h"
@@ -42,6 +44,14 @@ const omv_config_entry_t omv_daemon_table[] = {
      "the daemon's user); others who reach the control socket may only read"},
     {"security", "checkpoint_root", STR(checkpoint_root), "", 0, 0, 0,
      "a folder besides the state folder where a job's [checkpoint] dir may lie (empty: none)"},
+    {"security", "curve", STR(curve), "auto", 0, 0, 0,
+     "CURVE on the worker endpoint: yes, no, or auto (yes for tcp://, no for ipc://, whose "
+     "socket file's permissions say who may connect)"},
+    {"security", "secret_key", STR(secret_key), "daemon.key_secret", 0, 0, 0,
+     "the daemon's secret certificate (omnivorectl keygen); a relative path is taken from "
+     "$CREDENTIALS_DIRECTORY (systemd's LoadCredential=)"},
+    {"security", "allow_dir", STR(allow_dir), "/etc/omnivore/workers.d", 0, 0, 0,
+     "the folder of admitted workers' public certificates (NAME.key, with their roles)"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 
@@ -159,6 +169,83 @@ static int64_t cron(omv_daemon_t *d, int64_t *last_ms)
     return wait;
 }
 
+/* ---- CURVE ---- */
+
+/* A relative path of a credential is systemd's LoadCredential= one when there is one. */
+static void credential_path(const char *path, char *out, size_t cap)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (path[0] != '/' && creds && creds[0])
+        snprintf(out, cap, "%s/%s", creds, path);
+    else
+        omv_strlcpy(out, path, cap);
+}
+
+static int loopback(const char *endpoint)
+{
+    return strncmp(endpoint, "tcp://127.", 10) == 0 ||
+           strncmp(endpoint, "tcp://localhost:", 16) == 0 ||
+           strncmp(endpoint, "tcp://[::1]:", 12) == 0;
+}
+
+/* ZAP: a key connects when the allow-list folder has it. */
+static int admit(void *ctx, const char *key)
+{
+    omv_daemon_t *d = ctx;
+    unsigned roles;
+    int r = omv_allow_find(d->allow_dir, key, &roles);
+    if (r == 1)
+        return 1;
+    char why[OMV_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why), "key %.8s... is not in the allow-list folder %s%s%s", key,
+             d->allow_dir, r < 0 ? ": " : "", r < 0 ? omv_strerror(r) : "");
+    omv_refusals_count(&d->refusals, OMV_REFUSE_AUTH, "a CURVE handshake", why);
+    return 0;
+}
+
+/* Decides on CURVE and reads the daemon's key into secret[cap]. Returns 0 (d->curve says
+ * whether it is on, and *ret is filled when it is) or a negative errno after logging what to
+ * do. */
+static int setup_curve(omv_daemon_t *d, omv_router_curve_t *ret, char *secret, size_t cap)
+{
+    const omv_daemon_config_t *cfg = &d->cfg;
+    int tcp = strncmp(cfg->endpoint, "tcp://", 6) == 0;
+    if (strcmp(cfg->curve, "yes") != 0 && strcmp(cfg->curve, "no") != 0 &&
+        strcmp(cfg->curve, "auto") != 0) {
+        omv_log_error("[security] curve = '%s' is not yes, no or auto", cfg->curve);
+        return -EINVAL;
+    }
+    d->curve = strcmp(cfg->curve, "yes") == 0 || (strcmp(cfg->curve, "auto") == 0 && tcp);
+    if (!d->curve) {
+        if (tcp && !loopback(cfg->endpoint))
+            omv_log_warn("[security] curve = no on %s: anyone who reaches it can join and "
+                         "steer training",
+                         cfg->endpoint);
+        return 0;
+    }
+    char path[OMV_JOB_PATH_MAX + 256], err[OMV_CONFIG_ERR_MAX] = "";
+    omv_cert_t cert = {.secret_key = ""};
+    credential_path(cfg->secret_key, path, sizeof(path));
+    credential_path(cfg->allow_dir, d->allow_dir, sizeof(d->allow_dir));
+    if (omv_cert_read(path, &cert, err) < 0 || cert.secret_key[0] == '\0') {
+        omv_log_error("CURVE is on for %s but the daemon's secret key cannot be used (%s%s); "
+                      "make one with omnivorectl keygen daemon DIR and set [security] "
+                      "secret_key, or set [security] curve = no on a closed network",
+                      cfg->endpoint, err[0] ? err : path, err[0] ? "" : ": no secret-key");
+        return -EACCES;
+    }
+    int r = omv_allow_check(d->allow_dir);
+    if (r < 0) {
+        omv_log_error("CURVE is on but the allow-list folder %s cannot be read: %s", d->allow_dir,
+                      omv_strerror(r));
+        return r;
+    }
+    omv_strlcpy(secret, cert.secret_key, cap);
+    memset(&cert, 0, sizeof(cert));
+    *ret = (omv_router_curve_t){secret, admit, d};
+    return 0;
+}
+
 /* ---- life ---- */
 
 /* Without a job at start and without a configured limit, frames are held to this. */
@@ -201,7 +288,13 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     int r = -ENOMEM;
     if (d->members == NULL || d->jobs == NULL)
         goto fail;
-    d->router = omv_router_new(cfg->endpoint, max_message(cfg, job));
+    omv_router_curve_t curve;
+    char secret[OMV_CERT_KEY_LEN + 1];
+    r = setup_curve(d, &curve, secret, sizeof(secret));
+    if (r < 0)
+        goto fail;
+    d->router = omv_router_new(cfg->endpoint, max_message(cfg, job), d->curve ? &curve : NULL);
+    memset(secret, 0, sizeof(secret));
     if (d->router == NULL) {
         r = -errno;
         omv_log_error("cannot bind worker endpoint '%s': %s", cfg->endpoint, omv_strerror(r));

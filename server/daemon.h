@@ -17,6 +17,9 @@ typedef struct {
     int64_t max_message_bytes;        /* a frame limit on the worker endpoint; 0: from the job */
     char admin_group[64];             /* its members may change the daemon; "": none */
     char checkpoint_root[OMV_JOB_PATH_MAX]; /* jobs may checkpoint there too; "": none */
+    char curve[8];                          /* auto (tcp only), yes or no */
+    char secret_key[OMV_JOB_PATH_MAX];      /* the daemon's secret certificate */
+    char allow_dir[OMV_JOB_PATH_MAX];       /* public certificates of admitted workers */
     int once; /* not a config key (omnivored --once): run the given job only, refuse
                * submissions, and tell the workers to exit when it ends */
 } omv_daemon_config_t;

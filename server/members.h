@@ -24,6 +24,7 @@ typedef struct {
     uint32_t slot; /* trainers: their slot in the run's groups */
     char host[64];
     char name[64]; /* the worker's --name; may be empty */
+    char key[41];  /* the CURVE key it registered with ("" without): its id is bound to it */
     uint32_t pid;
     uint32_t previous_id; /* the id it had before it rejoined; 0 for a first registration */
     int64_t joined_ms, last_seen_ms;

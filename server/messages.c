@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "allow.h"
+#include "cert.h"
 #include "log.h"
 #include "util.h"
 
@@ -26,6 +28,33 @@ static int job_open(const omv_daemon_t *d)
     return d->run && !OMV_JOB_OVER(d->run->state) && d->run->state != JOB_FINISHING;
 }
 
+/* With CURVE, the key the peer connected with must still be in the allow-list folder, and allow
+ * the role it asks for. Returns 1 when it does. */
+static int key_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h, const char *who)
+{
+    if (!d->curve)
+        return 1;
+    unsigned roles = 0;
+    int r = omv_allow_find(d->allow_dir, peer->key, &roles);
+    unsigned want = h->role == OMV_ROLE_EVALUATOR ? OMV_CERT_EVALUATOR : OMV_CERT_TRAINER;
+    if (r == 1 && (roles & want))
+        return 1;
+    char why[OMV_WIRE_REASON_MAX];
+    if (r == 1)
+        snprintf(why, sizeof(why),
+                 "key %.8s... may not take the role %s (its certificate in %s "
+                 "lists roles = \"%s%s%s\")",
+                 peer->key, h->role == OMV_ROLE_EVALUATOR ? "evaluator" : "trainer", d->allow_dir,
+                 (roles & OMV_CERT_TRAINER) ? "trainer" : "",
+                 roles == (OMV_CERT_TRAINER | OMV_CERT_EVALUATOR) ? "," : "",
+                 (roles & OMV_CERT_EVALUATOR) ? "evaluator" : "");
+    else
+        snprintf(why, sizeof(why), "key %.8s... is no longer in the allow-list folder %s",
+                 peer->key, d->allow_dir);
+    omv_refusals_add(&d->refusals, peer, OMV_REFUSE_AUTH, who, why);
+    return 0;
+}
+
 /* Checks a Hello before any record is made. Returns 1 when it may register. */
 static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h,
                       const char *who)
@@ -38,6 +67,8 @@ static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t
         omv_refusals_add(&d->refusals, peer, OMV_REFUSE_VERSION, who, why);
         return 0;
     }
+    if (!key_fits(d, peer, h, who))
+        return 0;
     if (!job_open(d) && d->cfg.once) {
         /* Nothing to do for it: tell it so rather than leave it waiting. */
         omv_msg_t s = {.type = OMV_MSG_STOP};

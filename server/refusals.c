@@ -12,6 +12,16 @@ void omv_refusals_init(omv_refusals_t *self, omv_router_t *router)
     *self = (omv_refusals_t){.router = router};
 }
 
+void omv_refusals_count(omv_refusals_t *self, omv_refuse_t code, const char *who,
+                        const char *reason)
+{
+    uint64_t n = ++self->counts[code];
+    if (n <= REFUSALS_LOGGED)
+        omv_log_warn("refused %s from %s: %s%s", omv_refuse_name(code), who, reason,
+                     n == REFUSALS_LOGGED ? " (further refusals of this kind are only counted)"
+                                          : "");
+}
+
 void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t code,
                       const char *who, const char *reason)
 {

@@ -21,5 +21,9 @@ void omv_refusals_init(omv_refusals_t *self, omv_router_t *router);
 void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t code,
                       const char *who, const char *reason);
 
+/* Logs and counts a refusal that cannot be answered (a handshake, before any message). */
+void omv_refusals_count(omv_refusals_t *self, omv_refuse_t code, const char *who,
+                        const char *reason);
+
 /* Every refusal so far, all reasons together. */
 uint64_t omv_refusals_total(const omv_refusals_t *self);

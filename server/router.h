@@ -11,6 +11,7 @@
 typedef struct {
     uint8_t id[256];
     size_t len;
+    char key[41]; /* the Z85 public key it connected with (CURVE); "" without */
 } omv_peer_t;
 
 typedef struct omv_router omv_router_t;
@@ -19,10 +20,28 @@ typedef struct omv_router omv_router_t;
  * that does not read are dropped) and its own sends wait. */
 #define OMV_ROUTER_HWM 4096
 
+/* Asked once per connection that completes a CURVE handshake, with the client's Z85 public key:
+ * returns whether it may connect (its messages then carry the key). */
+typedef int (*omv_router_auth_fn)(void *ctx, const char *public_key);
+
+/* CURVE on the endpoint: the daemon's secret key (Z85) and who decides on clients. */
+typedef struct {
+    const char *secret_key;
+    omv_router_auth_fn auth;
+    void *ctx;
+} omv_router_curve_t;
+
 /* Binds endpoint (tcp://0.0.0.0:5555 or ipc:///run/omnivore/workers.sock); a peer sending a
  * frame over max_message_bytes (0: no limit) is disconnected before the frame is buffered.
- * Returns NULL with errno set. */
-omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes);
+ * With curve (may be NULL: plain), only clients that complete a CURVE handshake with a key
+ * curve->auth admits may connect (a ZAP handler on the loop's thread, served by
+ * omv_router_poll). Returns NULL with errno set. */
+omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes,
+                             const omv_router_curve_t *curve);
+
+/* Makes a CURVE key pair, Z85 (41 bytes each with the NUL). Returns 0 or a negative errno
+ * (-ENOTSUP: libzmq was built without CURVE). */
+int omv_router_keypair(char *ret_public, char *ret_secret);
 /* The frame limit it was made with (0: none). */
 int64_t omv_router_max_message(const omv_router_t *self);
 void omv_router_destroy(omv_router_t **self_p);

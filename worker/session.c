@@ -237,7 +237,7 @@ static int register_with_backoff(session_t *s, int64_t deadline_ms)
     int delay_ms = 100;
     for (int attempt = 0;; attempt++) {
         if (s->link == NULL) {
-            s->link = omv_link_new(s->cfg->endpoint);
+            s->link = omv_link_new(s->cfg->endpoint, s->cfg->curve);
             if (s->link == NULL) {
                 int e = -errno;
                 omv_log_error("cannot connect to '%s': %s", s->cfg->endpoint, omv_strerror(e));

@@ -2,6 +2,8 @@
  * evaluate snapshots, until the daemon says stop. */
 #pragma once
 
+#include "link.h"
+
 #include <signal.h>
 
 #include "wire.h"
@@ -19,6 +21,7 @@ typedef struct {
                                      * slower device (experiments and tests); 0: none */
     double slowdown; /* >= 1: each step takes this many times its compute time, as a device
                       * that much slower would (experiments and tests); 0 or 1: none */
+    const omv_link_curve_t *curve; /* borrowed; CURVE keys, NULL: none */
 } omv_session_config_t;
 
 /* Runs the session to its end. When the daemon goes away (it restarts, or it declared us dead),

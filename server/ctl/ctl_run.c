@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "cert.h"
+#include "config.h"
 #include "control.h"
 #include "ctl.h"
 #include "job.h"
@@ -27,6 +30,7 @@ typedef struct {
     const char *sets[OMV_CTL_MAX_SETS];
     int n_sets;
     int json;
+    int curve; /* --curve: CURVE with keys made for this run */
 } run_args_t;
 
 typedef struct {
@@ -42,6 +46,7 @@ typedef struct {
     char dir[PATH_MAX];
     char endpoint[PATH_MAX + 16], sock[PATH_MAX + 16];
     char daemon_bin[PATH_MAX], worker_bin[PATH_MAX];
+    char keys[PATH_MAX + 8], conf[PATH_MAX + 16]; /* --curve: the run's keys and config */
     child_t kids[MAX_CHILDREN];
     int n_kids;
 } cluster_t;
@@ -133,9 +138,13 @@ static int field(const char *body, const char *key, char *out, size_t cap)
 static int parse_args(int argc, char **argv, run_args_t *a)
 {
     static const struct option opts[] = {
-        {"workers", required_argument, NULL, 'w'}, {"threads", required_argument, NULL, 't'},
-        {"set", required_argument, NULL, 'S'},     {"json", no_argument, NULL, 'j'},
-        {"report", required_argument, NULL, 'R'},  {NULL, 0, NULL, 0},
+        {"workers", required_argument, NULL, 'w'},
+        {"threads", required_argument, NULL, 't'},
+        {"set", required_argument, NULL, 'S'},
+        {"json", no_argument, NULL, 'j'},
+        {"report", required_argument, NULL, 'R'},
+        {"curve", no_argument, NULL, 'C'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
@@ -150,6 +159,8 @@ static int parse_args(int argc, char **argv, run_args_t *a)
             a->json = 1;
         } else if (c == 'R') {
             a->report_dir = optarg;
+        } else if (c == 'C') {
+            a->curve = 1;
         } else {
             omv_ctl_usage(stderr);
             return 2;
@@ -208,12 +219,45 @@ static int prepare(cluster_t *cl)
     return 0;
 }
 
+/* --curve: throwaway keys for the daemon, the trainers and the evaluator in RUN/keys (which is
+ * also the daemon's allow-list folder: its *.key files name each key's role), and a config that
+ * turns CURVE on. Returns 0 or the exit status 1. */
+static int make_keys(cluster_t *cl)
+{
+    static const struct {
+        const char *name;
+        unsigned roles;
+    } certs[] = {{"daemon", 0}, {"trainer", OMV_CERT_TRAINER}, {"evaluator", OMV_CERT_EVALUATOR}};
+    char err[OMV_CONFIG_ERR_MAX];
+    snprintf(cl->keys, sizeof(cl->keys), "%s/keys", cl->dir);
+    snprintf(cl->conf, sizeof(cl->conf), "%s/omnivored.conf", cl->dir);
+    if (mkdir(cl->keys, 0700) != 0) {
+        fprintf(stderr, "omnivorectl: cannot make %s: %s\n", cl->keys, strerror(errno));
+        return 1;
+    }
+    for (size_t i = 0; i < sizeof(certs) / sizeof(certs[0]); i++) {
+        if (omv_ctl_make_cert(cl->keys, certs[i].name, certs[i].roles, err) < 0) {
+            fprintf(stderr, "omnivorectl: --curve: %s\n", err);
+            return 1;
+        }
+    }
+    FILE *f = fopen(cl->conf, "w");
+    if (f == NULL) {
+        fprintf(stderr, "omnivorectl: cannot write %s: %s\n", cl->conf, strerror(errno));
+        return 1;
+    }
+    fprintf(f, "[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n",
+            cl->keys, cl->keys);
+    fclose(f);
+    return 0;
+}
+
 /* Starts omnivored for the job, with the command line's overrides. */
 static void start_daemon(cluster_t *cl, const run_args_t *a, int n_workers)
 {
     char nworkers[16];
     snprintf(nworkers, sizeof(nworkers), "%d", n_workers);
-    char *argv[16 + 2 * OMV_CTL_MAX_SETS];
+    char *argv[20 + 2 * OMV_CTL_MAX_SETS];
     int k = 0;
     argv[k++] = cl->daemon_bin;
     argv[k++] = "--once"; /* the workers exit with the job, and nothing else is queued */
@@ -227,6 +271,10 @@ static void start_daemon(cluster_t *cl, const run_args_t *a, int n_workers)
     argv[k++] = nworkers;
     argv[k++] = "--state-dir";
     argv[k++] = cl->dir;
+    if (cl->conf[0]) {
+        argv[k++] = "--config";
+        argv[k++] = cl->conf;
+    }
     for (int i = 0; i < a->n_sets; i++) {
         argv[k++] = "--set";
         argv[k++] = (char *)a->sets[i];
@@ -259,12 +307,25 @@ static int wait_for_daemon(cluster_t *cl, omv_strbuf_t *body)
 /* Starts n_workers trainers and the evaluator, with threads threads each. */
 static void start_workers(cluster_t *cl, int n_workers, const char *threads)
 {
-    char *argv[] = {cl->worker_bin,  "--server", cl->endpoint, "--threads",
-                    (char *)threads, NULL,       NULL,         NULL};
+    char key[PATH_MAX + 32], server_key[PATH_MAX + 32];
+    char *argv[] = {cl->worker_bin, "--server", cl->endpoint, "--threads", (char *)threads,
+                    NULL,           NULL,       NULL,         NULL,        NULL,
+                    NULL,           NULL,       NULL};
+    int k = 5;
+    if (cl->conf[0]) {
+        snprintf(key, sizeof(key), "%s/trainer.key_secret", cl->keys);
+        snprintf(server_key, sizeof(server_key), "%s/daemon.key", cl->keys);
+        argv[k++] = "--key";
+        argv[k++] = key;
+        argv[k++] = "--server-key";
+        argv[k++] = server_key;
+    }
     for (int i = 0; i < n_workers && cl->n_kids < MAX_CHILDREN - 1; i++)
         cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker", 0, 0};
-    argv[5] = "--role";
-    argv[6] = "evaluator";
+    if (cl->conf[0])
+        snprintf(key, sizeof(key), "%s/evaluator.key_secret", cl->keys);
+    argv[k++] = "--role";
+    argv[k++] = "evaluator";
     cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker (evaluator)", 0, 0};
 }
 
@@ -384,6 +445,17 @@ static void remove_run_folder(const cluster_t *cl, const char *job_name)
 {
     unlink(cl->sock);
     char path[PATH_MAX + 32];
+    if (cl->conf[0]) {
+        static const char *const files[] = {"daemon.key",    "daemon.key_secret",
+                                            "trainer.key",   "trainer.key_secret",
+                                            "evaluator.key", "evaluator.key_secret"};
+        for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+            snprintf(path, sizeof(path), "%s/%s", cl->keys, files[i]);
+            unlink(path);
+        }
+        rmdir(cl->keys);
+        unlink(cl->conf);
+    }
     snprintf(path, sizeof(path), "%s/workers.sock", cl->dir);
     unlink(path);
     snprintf(path, sizeof(path), "%s/checkpoints/%s", cl->dir, job_name);
@@ -407,8 +479,10 @@ int omv_ctl_run(const char *sock, int argc, char **argv, int json)
     /* Static: a thousand children are more than a stack frame should hold. */
     static cluster_t cl;
     memset(&cl, 0, sizeof(cl));
-    if (prepare(&cl) != 0)
+    if (prepare(&cl) != 0 || (a.curve && make_keys(&cl) != 0)) {
+        remove_run_folder(&cl, job.name);
         return 1;
+    }
     omv_ctl_catch_interrupts();
     omv_strbuf_t body;
     omv_strbuf_init(&body);
