@@ -17,6 +17,25 @@ void peer_open(peer_t *p)
     ck_assert_int_eq(zmq_connect(p->sock, endpoint), 0);
 }
 
+void peer_open_curve(peer_t *p, const char *server_key, const char *public_key,
+                     const char *secret_key)
+{
+    p->ctx = zmq_ctx_new();
+    p->sock = zmq_socket(p->ctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    ck_assert_int_eq(zmq_setsockopt(p->sock, ZMQ_CURVE_SERVERKEY, server_key, 41), 0);
+    ck_assert_int_eq(zmq_setsockopt(p->sock, ZMQ_CURVE_PUBLICKEY, public_key, 41), 0);
+    ck_assert_int_eq(zmq_setsockopt(p->sock, ZMQ_CURVE_SECRETKEY, secret_key, 41), 0);
+    ck_assert_int_eq(zmq_connect(p->sock, endpoint), 0);
+}
+
+int peer_answers(peer_t *p, int timeout_ms)
+{
+    zmq_pollitem_t it = {p->sock, 0, ZMQ_POLLIN, 0};
+    return zmq_poll(&it, 1, timeout_ms) == 1;
+}
+
 void peer_close(peer_t *p)
 {
     zmq_close(p->sock);

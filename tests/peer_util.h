@@ -12,7 +12,12 @@ typedef struct {
 
 /* Connects a DEALER to the test's endpoint. */
 void peer_open(peer_t *p);
+/* The same over CURVE with the daemon's public key and ours (Z85). */
+void peer_open_curve(peer_t *p, const char *server_key, const char *public_key,
+                     const char *secret_key);
 void peer_close(peer_t *p);
+/* Whether a message comes within timeout_ms (it is left queued). */
+int peer_answers(peer_t *p, int timeout_ms);
 /* Sends a[alen] and, when b is not NULL, b[blen] as a second frame. */
 void peer_send_raw(peer_t *p, const void *a, size_t alen, const void *b, size_t blen);
 void peer_send(peer_t *p, const omv_msg_t *m, const float *payload, size_t count);

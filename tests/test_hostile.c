@@ -14,7 +14,9 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "cert.h"
 #include "cluster_util.h"
+#include "config.h"
 #include "control.h"
 #include "peer_util.h"
 #include "strbuf.h"
@@ -424,6 +426,107 @@ START_TEST(test_run_fails_without_final_evaluation)
 }
 END_TEST
 
+/* Reads dir/name's certificate. */
+static omv_cert_t cert_of(const char *dir, const char *name)
+{
+    char path[800], err[OMV_CONFIG_ERR_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    omv_cert_t c;
+    ck_assert_msg(omv_cert_read(path, &c, err) == 0, "%s", err);
+    return c;
+}
+
+static void hello_as(peer_t *p, omv_role_t role)
+{
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    m.u.hello.role = role;
+    strcpy(m.u.hello.hostname, "keyed");
+    peer_send(p, &m, NULL, 0);
+}
+
+/* CURVE with an allow-list folder: a peer without a key and one with a key not in the folder
+ * get no answer (the second is counted), a trainer key asking for the evaluator role is
+ * refused, and a key removed from the folder is refused at its next registration. */
+START_TEST(test_curve_allow_list)
+{
+    char keys[700], other[700], conf[700], cmd[2200], out[4096];
+    snprintf(keys, sizeof(keys), "%s/keys", test_dir);
+    snprintf(other, sizeof(other), "%s/other", test_dir);
+    ck_assert_int_eq(mkdir(keys, 0700), 0);
+    ck_assert_int_eq(mkdir(other, 0700), 0);
+    snprintf(cmd, sizeof(cmd), "keygen daemon %s", keys);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, cmd), 0);
+    snprintf(cmd, sizeof(cmd), "keygen --roles trainer t1 %s", keys);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, cmd), 0);
+    snprintf(cmd, sizeof(cmd), "keygen --roles trainer,evaluator stranger %s", other);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, cmd), 0);
+    omv_cert_t d_key = cert_of(keys, "daemon.key"), t1 = cert_of(keys, "t1.key_secret");
+    omv_cert_t stranger = cert_of(other, "stranger.key_secret");
+    ck_assert_uint_eq(t1.roles, OMV_CERT_TRAINER);
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    FILE *f = fopen(conf, "w");
+    fprintf(f, "[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n", keys,
+            keys);
+    fclose(f);
+    write_job(2, 2, "groups = 1");
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--once",
+                    "--job",
+                    job_path,
+                    "--config",
+                    conf,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
+    pid_t d = start_daemon_argv(argv);
+
+    peer_t plain, wrong, t;
+    peer_open(&plain);
+    hello_as(&plain, OMV_ROLE_TRAINER);
+    peer_open_curve(&wrong, d_key.public_key, stranger.public_key, stranger.secret_key);
+    hello_as(&wrong, OMV_ROLE_TRAINER);
+    wait_status("refused_auth_total", 1, 10000);
+    ck_assert_msg(!peer_answers(&plain, 300) && !peer_answers(&wrong, 0), "a stranger got in");
+    peer_close(&wrong);
+    peer_close(&plain);
+
+    peer_open_curve(&t, d_key.public_key, t1.public_key, t1.secret_key);
+    hello_as(&t, OMV_ROLE_EVALUATOR);
+    expect_error(&t, OMV_REFUSE_AUTH);
+    hello_as(&t, OMV_ROLE_TRAINER);
+    static omv_msg_t w;
+    peer_recv(&t, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    snprintf(cmd, sizeof(cmd), "%s/t1.key", keys);
+    ck_assert_int_eq(unlink(cmd), 0);
+    hello_as(&t, OMV_ROLE_TRAINER); /* registering again, on the same connection */
+    expect_error(&t, OMV_REFUSE_AUTH);
+    ck_assert_int_ge((int)status_field("refused_auth_total"), 3);
+    peer_close(&t);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* omnivorectl run --curve: the quickstart over CURVE, with keys it makes and removes. */
+START_TEST(test_run_over_curve)
+{
+    write_job(2, 2, "groups = 1");
+    static char json[65536];
+    int rc = run_ctl(json, sizeof(json), "--curve");
+    ck_assert_msg(rc == 0, "omnivorectl run --curve exited %d: %s", rc, json);
+    ck_assert_msg(has_text(json, "\"state\":\"done\"") && json_number(json, "test_accuracy") > 0.9,
+                  "%s", json);
+}
+END_TEST
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -438,6 +541,8 @@ int main(void)
     tcase_add_test(tc, test_control_callers);
     tcase_add_test(tc, test_honest_summary);
     tcase_add_test(tc, test_run_fails_without_final_evaluation);
+    tcase_add_test(tc, test_curve_allow_list);
+    tcase_add_test(tc, test_run_over_curve);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }

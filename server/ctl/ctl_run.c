@@ -46,7 +46,10 @@ typedef struct {
     char dir[PATH_MAX];
     char endpoint[PATH_MAX + 16], sock[PATH_MAX + 16];
     char daemon_bin[PATH_MAX], worker_bin[PATH_MAX];
-    char keys[PATH_MAX + 8], conf[PATH_MAX + 16]; /* --curve: the run's keys and config */
+    char keys[PATH_MAX + 8];                          /* --curve: the run's keys */
+    int curve;                                        /* they were made */
+    char conf[PATH_MAX + 16];                         /* the daemon's config, when it needs one */
+    char ckpt_dir[PATH_MAX], ckpt_set[PATH_MAX + 32]; /* the job's [checkpoint] dir, absolute */
     child_t kids[MAX_CHILDREN];
     int n_kids;
 } cluster_t;
@@ -220,8 +223,8 @@ static int prepare(cluster_t *cl)
 }
 
 /* --curve: throwaway keys for the daemon, the trainers and the evaluator in RUN/keys (which is
- * also the daemon's allow-list folder: its *.key files name each key's role), and a config that
- * turns CURVE on. Returns 0 or the exit status 1. */
+ * also the daemon's allow-list folder: its *.key files name each key's role). Returns 0 or the
+ * exit status 1. */
 static int make_keys(cluster_t *cl)
 {
     static const struct {
@@ -230,24 +233,47 @@ static int make_keys(cluster_t *cl)
     } certs[] = {{"daemon", 0}, {"trainer", OMV_CERT_TRAINER}, {"evaluator", OMV_CERT_EVALUATOR}};
     char err[OMV_CONFIG_ERR_MAX];
     snprintf(cl->keys, sizeof(cl->keys), "%s/keys", cl->dir);
-    snprintf(cl->conf, sizeof(cl->conf), "%s/omnivored.conf", cl->dir);
     if (mkdir(cl->keys, 0700) != 0) {
         fprintf(stderr, "omnivorectl: cannot make %s: %s\n", cl->keys, strerror(errno));
         return 1;
     }
+    cl->curve = 1;
     for (size_t i = 0; i < sizeof(certs) / sizeof(certs[0]); i++) {
         if (omv_ctl_make_cert(cl->keys, certs[i].name, certs[i].roles, err) < 0) {
             fprintf(stderr, "omnivorectl: --curve: %s\n", err);
             return 1;
         }
     }
+    return 0;
+}
+
+/* The daemon's config for the run: CURVE with the run's keys, and the job's own [checkpoint]
+ * dir as a folder it may write (the daemon is ours: a job that names a folder is the caller's
+ * wish, not a stranger's), made absolute as it was meant from here. Returns 0 or 1. */
+static int write_config(cluster_t *cl, const omv_job_t *job)
+{
+    if (job->checkpoint_dir[0]) {
+        char cwd[PATH_MAX] = ".";
+        if (job->checkpoint_dir[0] != '/' && getcwd(cwd, sizeof(cwd)) == NULL)
+            return 1;
+        if (job->checkpoint_dir[0] == '/')
+            omv_strlcpy(cl->ckpt_dir, job->checkpoint_dir, sizeof(cl->ckpt_dir));
+        else
+            snprintf(cl->ckpt_dir, sizeof(cl->ckpt_dir), "%s/%s", cwd, job->checkpoint_dir);
+        snprintf(cl->ckpt_set, sizeof(cl->ckpt_set), "checkpoint.dir=%s", cl->ckpt_dir);
+    }
+    if (!cl->curve && !cl->ckpt_dir[0])
+        return 0;
+    snprintf(cl->conf, sizeof(cl->conf), "%s/omnivored.conf", cl->dir);
     FILE *f = fopen(cl->conf, "w");
     if (f == NULL) {
         fprintf(stderr, "omnivorectl: cannot write %s: %s\n", cl->conf, strerror(errno));
         return 1;
     }
-    fprintf(f, "[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n",
-            cl->keys, cl->keys);
+    fprintf(f, "[security]\ncheckpoint_root = %s\n", cl->ckpt_dir);
+    if (cl->curve)
+        fprintf(f, "curve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n", cl->keys,
+                cl->keys);
     fclose(f);
     return 0;
 }
@@ -278,6 +304,10 @@ static void start_daemon(cluster_t *cl, const run_args_t *a, int n_workers)
     for (int i = 0; i < a->n_sets; i++) {
         argv[k++] = "--set";
         argv[k++] = (char *)a->sets[i];
+    }
+    if (cl->ckpt_set[0]) {
+        argv[k++] = "--set";
+        argv[k++] = cl->ckpt_set;
     }
     argv[k] = NULL;
     cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivored", 0, 0};
@@ -312,7 +342,7 @@ static void start_workers(cluster_t *cl, int n_workers, const char *threads)
                     NULL,           NULL,       NULL,         NULL,        NULL,
                     NULL,           NULL,       NULL};
     int k = 5;
-    if (cl->conf[0]) {
+    if (cl->curve) {
         snprintf(key, sizeof(key), "%s/trainer.key_secret", cl->keys);
         snprintf(server_key, sizeof(server_key), "%s/daemon.key", cl->keys);
         argv[k++] = "--key";
@@ -322,7 +352,7 @@ static void start_workers(cluster_t *cl, int n_workers, const char *threads)
     }
     for (int i = 0; i < n_workers && cl->n_kids < MAX_CHILDREN - 1; i++)
         cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker", 0, 0};
-    if (cl->conf[0])
+    if (cl->curve)
         snprintf(key, sizeof(key), "%s/evaluator.key_secret", cl->keys);
     argv[k++] = "--role";
     argv[k++] = "evaluator";
@@ -445,7 +475,7 @@ static void remove_run_folder(const cluster_t *cl, const char *job_name)
 {
     unlink(cl->sock);
     char path[PATH_MAX + 32];
-    if (cl->conf[0]) {
+    if (cl->curve) {
         static const char *const files[] = {"daemon.key",    "daemon.key_secret",
                                             "trainer.key",   "trainer.key_secret",
                                             "evaluator.key", "evaluator.key_secret"};
@@ -454,8 +484,9 @@ static void remove_run_folder(const cluster_t *cl, const char *job_name)
             unlink(path);
         }
         rmdir(cl->keys);
-        unlink(cl->conf);
     }
+    if (cl->conf[0])
+        unlink(cl->conf);
     snprintf(path, sizeof(path), "%s/workers.sock", cl->dir);
     unlink(path);
     snprintf(path, sizeof(path), "%s/checkpoints/%s", cl->dir, job_name);
@@ -479,7 +510,7 @@ int omv_ctl_run(const char *sock, int argc, char **argv, int json)
     /* Static: a thousand children are more than a stack frame should hold. */
     static cluster_t cl;
     memset(&cl, 0, sizeof(cl));
-    if (prepare(&cl) != 0 || (a.curve && make_keys(&cl) != 0)) {
+    if (prepare(&cl) != 0 || (a.curve && make_keys(&cl) != 0) || write_config(&cl, &job) != 0) {
         remove_run_folder(&cl, job.name);
         return 1;
     }
