@@ -23,7 +23,9 @@ struct omv_pipe {
 struct omv_router {
     void *ctx;
     void *sock;
-    void *zap; /* REP for ZAP requests (CURVE only) */
+    void *zap;     /* REP for ZAP requests (CURVE only) */
+    void *monitor; /* PAIR: the router's failed handshakes (CURVE only) */
+    uint64_t handshakes_failed;
     omv_router_curve_t curve;
     zmq_msg_t payload;
     int has_payload;
@@ -55,7 +57,33 @@ static int setup_curve(omv_router_t *self, const omv_router_curve_t *curve)
         zmq_setsockopt(self->sock, ZMQ_CURVE_SERVER, &server, sizeof(server)) != 0 ||
         zmq_setsockopt(self->sock, ZMQ_CURVE_SECRETKEY, curve->secret_key, 41) != 0)
         return -errno;
+    /* Peers without CURVE, or that speak nonsense, fail before ZAP is asked: counted here
+     * (refused keys are counted by the one who refuses them). */
+    if (zmq_socket_monitor(self->sock, "inproc://omv-router-monitor",
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0)
+        return -errno;
+    self->monitor = zmq_socket(self->ctx, ZMQ_PAIR);
+    if (self->monitor == NULL)
+        return -errno;
+    zmq_setsockopt(self->monitor, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_connect(self->monitor, "inproc://omv-router-monitor") != 0)
+        return -errno;
     return 0;
+}
+
+static void read_monitor(omv_router_t *self)
+{
+    uint8_t ev[6];
+    while (zmq_recv(self->monitor, ev, sizeof(ev), ZMQ_DONTWAIT) >= 0) {
+        drain(self->monitor);
+        self->handshakes_failed++;
+    }
+}
+
+uint64_t omv_router_handshakes_failed(const omv_router_t *self)
+{
+    return self->handshakes_failed;
 }
 
 /* Answers one ZAP request: 200 for a key the daemon admits (its Z85 form becomes the
@@ -128,6 +156,8 @@ omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes,
     return self;
 fail : {
     int e = errno;
+    if (self->monitor)
+        zmq_close(self->monitor);
     if (self->zap)
         zmq_close(self->zap);
     if (self->sock)
@@ -155,6 +185,8 @@ void omv_router_destroy(omv_router_t **self_p)
     for (int i = 0; i < self->n_pipes; i++)
         omv_pipe_destroy(&self->pipes[i]);
     zmq_msg_close(&self->payload);
+    if (self->monitor)
+        zmq_close(self->monitor);
     if (self->zap)
         zmq_close(self->zap);
     zmq_close(self->sock);
@@ -166,7 +198,7 @@ void omv_router_destroy(omv_router_t **self_p)
 int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms)
 {
-    zmq_pollitem_t items[MAX_FDS + 2 + OMV_PIPE_MAX];
+    zmq_pollitem_t items[MAX_FDS + 3 + OMV_PIPE_MAX];
     if (nfds > MAX_FDS)
         return -EINVAL;
     items[0] = (zmq_pollitem_t){self->sock, 0, ZMQ_POLLIN, 0};
@@ -180,11 +212,15 @@ int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_r
     int n_items = 1 + nfds + self->n_pipes;
     if (self->zap)
         items[n_items++] = (zmq_pollitem_t){self->zap, 0, ZMQ_POLLIN, 0};
+    if (self->monitor)
+        items[n_items++] = (zmq_pollitem_t){self->monitor, 0, ZMQ_POLLIN, 0};
     int n = zmq_poll(items, n_items, timeout_ms);
     if (n < 0)
         return -errno;
     /* Handshakes wait on the answer: given at once, before anything else. */
-    if (self->zap && (items[n_items - 1].revents & ZMQ_POLLIN))
+    if (self->monitor && (items[n_items - 1].revents & ZMQ_POLLIN))
+        read_monitor(self);
+    if (self->zap && (items[n_items - 1 - (self->monitor != NULL)].revents & ZMQ_POLLIN))
         serve_zap(self);
     *ret_router = (items[0].revents & ZMQ_POLLIN) != 0;
     for (int i = 0; i < nfds; i++) {

@@ -42,6 +42,9 @@ omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes,
 /* Makes a CURVE key pair, Z85 (41 bytes each with the NUL). Returns 0 or a negative errno
  * (-ENOTSUP: libzmq was built without CURVE). */
 int omv_router_keypair(char *ret_public, char *ret_secret);
+/* Connections that failed their CURVE handshake before ZAP was asked (no CURVE, bad bytes). */
+uint64_t omv_router_handshakes_failed(const omv_router_t *self);
+
 /* The frame limit it was made with (0: none). */
 int64_t omv_router_max_message(const omv_router_t *self);
 void omv_router_destroy(omv_router_t **self_p);

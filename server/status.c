@@ -171,6 +171,7 @@ static void section_refusals(const omv_daemon_t *d, omv_kv_t *kv)
     }
     omv_kv_int(kv, "refused_total", (int64_t)omv_refusals_total(&d->refusals));
     omv_kv_int(kv, "refusals_unanswered_total", (int64_t)d->refusals.unanswered);
+    omv_kv_int(kv, "handshakes_failed_total", (int64_t)omv_router_handshakes_failed(d->router));
 }
 
 void omv_status_status(const omv_daemon_t *d, omv_strbuf_t *out, int json)

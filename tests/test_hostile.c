@@ -493,6 +493,7 @@ START_TEST(test_curve_allow_list)
     peer_open_curve(&wrong, d_key.public_key, stranger.public_key, stranger.secret_key);
     hello_as(&wrong, OMV_ROLE_TRAINER);
     wait_status("refused_auth_total", 1, 10000);
+    wait_status("handshakes_failed_total", 1, 10000); /* the peer without a key */
     ck_assert_msg(!peer_answers(&plain, 300) && !peer_answers(&wrong, 0), "a stranger got in");
     peer_close(&wrong);
     peer_close(&plain);
