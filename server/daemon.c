@@ -47,7 +47,7 @@ const omv_config_entry_t omv_daemon_table[] = {
     {"security", "curve", STR(curve), "auto", 0, 0, 0,
      "CURVE on the worker endpoint: yes, no, or auto (yes for tcp://, no for ipc://, whose "
      "socket file's permissions say who may connect)"},
-    {"security", "secret_key", STR(secret_key), "daemon.key_secret", 0, 0, 0,
+    {"security", "secret_key", STR(secret_key), "/etc/omnivore/keys/daemon.key_secret", 0, 0, 0,
      "the daemon's secret certificate (omnivorectl keygen); a relative path is taken from "
      "$CREDENTIALS_DIRECTORY (systemd's LoadCredential=)"},
     {"security", "allow_dir", STR(allow_dir), "/etc/omnivore/workers.d", 0, 0, 0,
