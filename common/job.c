@@ -57,10 +57,10 @@ const omv_config_entry_t omv_job_table[] = {
     {"train", "momentum", DBL(momentum), "0.9", 0, 0.999, 0, "SGD momentum"},
     {"train", "weight_decay", DBL(weight_decay), "0", 0, 1, 0, "L2 penalty added to gradients"},
     {"train", "gradient_norm_bound", DBL(gradient_norm_bound), "100", 0, 1e12, 0,
-     "a pushed gradient whose norm is over this many times its shard's running norm is refused "
-     "and the step goes on without it (0: no bound)"},
+     "a pushed gradient whose norm is over this many times the largest its shard accepted lately "
+     "is refused and the step goes on without it (0: no bound)"},
     {"train", "gradient_norm_warmup", INT(gradient_norm_warmup), "10", 0, 1000000000, 0,
-     "gradients each shard accepts to learn its running norm before the bound applies"},
+     "gradients each shard accepts to learn their norms before the bound applies"},
     {"cluster", "workers", INT(workers), "2", 1, 1024, 0, "trainer processes the job waits for"},
     {"cluster", "groups", INT(groups), "1", 1, 1024, 0,
      "compute groups: synchronous inside, asynchronous across"},

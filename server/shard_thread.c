@@ -53,8 +53,8 @@ struct omv_shard_thread {
     snapshot_t snaps[MAX_SNAPSHOTS];
     int n_snaps;
     float *scratch;         /* [count] for a gradient whose bytes are not float-aligned */
-    double norm_mean;       /* running mean of the (nonzero) gradient norms accepted */
-    uint64_t norms_learned; /* how many went into it */
+    double norm_peak;       /* the largest gradient norm accepted lately (decays slowly) */
+    uint64_t norms_learned; /* nonzero norms that went into it */
     float last_norm;        /* of the gradient refused last, for the reply */
     atomic_uint_fast64_t snapshots_made, serves;
     /* Pulls answered with a copy of their own, and those copies freed by release_copy (on
@@ -118,7 +118,7 @@ static void reply(omv_shard_thread_t *self, uint32_t type, const omv_shard_cmd_t
 {
     omv_shard_reply_t rep = {
         type,      self->index,        cmd->group,      cmd->worker_id,
-        cmd->step, (uint32_t)peer_len, self->last_norm, (float)self->norm_mean};
+        cmd->step, (uint32_t)peer_len, self->last_norm, (float)self->norm_peak};
     if (peer_len)
         memcpy(self->extra, peer, peer_len);
     if (env_len)
@@ -180,9 +180,15 @@ static const float *as_weighted_f32(omv_shard_thread_t *self, const omv_shard_cm
     return grad;
 }
 
-/* Whether a finite gradient's norm is within the bound of what the shard has been receiving;
- * one that is goes into the running mean (zero gradients teach nothing and are not counted,
- * so that a run of them cannot lower the bar). */
+/* Each accepted gradient's norm counts for this much less per accepted gradient after it: a
+ * peak halves over about 7000 of them. */
+#define NORM_PEAK_DECAY 0.9999
+
+/* Whether a finite gradient's norm is within the bound of the largest the shard has accepted
+ * lately. A peak rather than a mean: near convergence typical gradients shrink by orders of
+ * magnitude and one hard example is a hundred times the mean, which is training, not an
+ * attack; what ruins a model is far beyond anything the job ever sent. Zero gradients teach
+ * nothing and are not counted. */
 static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const float *grad,
                      const void *g16)
 {
@@ -190,13 +196,15 @@ static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
         return 1;
     uint32_t n = self->shard->count;
     float norm = sqrtf(g16 ? omv_bf16_sum_squares(g16, n) : omv_sum_squares(grad, n));
-    if (self->norms_learned >= cmd->norm_warmup && !(norm <= cmd->norm_bound * self->norm_mean)) {
+    if (self->norms_learned >= cmd->norm_warmup &&
+        !((double)norm <= (double)cmd->norm_bound * self->norm_peak)) {
         self->last_norm = norm;
         return 0;
     }
     if (norm > 0.0f) {
-        double w = self->norms_learned < 20 ? 1.0 / (double)(self->norms_learned + 1) : 0.05;
-        self->norm_mean += w * ((double)norm - self->norm_mean);
+        self->norm_peak *= NORM_PEAK_DECAY;
+        if ((double)norm > self->norm_peak)
+            self->norm_peak = (double)norm;
         self->norms_learned++;
     }
     return 1;

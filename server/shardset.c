@@ -149,8 +149,8 @@ static void on_norm(omv_shardset_t *self, const omv_shard_reply_t *rep, const om
     char who[64], why[OMV_WIRE_REASON_MAX];
     snprintf(who, sizeof(who), "worker %u", rep->worker_id);
     snprintf(why, sizeof(why),
-             "gradient of step %llu shard %u has norm %g, far over the %g this shard has been "
-             "receiving ([train] gradient_norm_bound); dropped, the model is unchanged",
+             "gradient of step %llu shard %u has norm %g, far over the largest (%g) this shard "
+             "has accepted lately ([train] gradient_norm_bound); dropped, the model is unchanged",
              (unsigned long long)rep->step, rep->shard, (double)rep->norm, (double)rep->typical);
     omv_refusals_add(self->refusals, peer, OMV_REFUSE_NORM, who, why);
 }
