@@ -571,9 +571,10 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     char *eargv[] = {b->self_exe, "--echo-server", echo_ep, fd_arg, NULL};
     echo = bench_spawn(eargv, elog);
     close(ready[1]);
-    char *dargv[] = {b->daemon,     "--once",    "--job", job,           "--endpoint",
-                     ps_ep,         "--control", ctl,     "--state-dir", b->dir,
-                     "--log-level", "warn",      NULL};
+    char *dargv[] = {b->daemon,     "--once",    "--job",   job,           "--endpoint",
+                     ps_ep,         "--control", ctl,       "--state-dir", b->dir,
+                     "--log-level", "warn",      "--curve", "no", /* as the raw echo */
+                     NULL};
     daemon = bench_spawn(dargv, dlog);
     if (echo < 0 || daemon < 0) {
         snprintf(res->error, sizeof(res->error), "cannot start a child: %s",

@@ -74,7 +74,8 @@ one_run() { # one_run WIRE|before: prints "images_per_second test_accuracy"
     rm -rf "$tmp/state" && mkdir "$tmp/state"
     on "$ns_head" "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
         --endpoint tcp://10.78.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
-        --log-level warn --set cluster.wire="$1" --set cluster.shards="$SHARDS" --set train.batch_size=128 \
+        --log-level warn --curve no --set cluster.wire="$1" --set cluster.shards="$SHARDS" \
+        --set train.batch_size=128 \
         --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" --set eval.every_epochs=0
     n=0
     until "$ctl" --socket "$sock" status >/dev/null 2>&1; do

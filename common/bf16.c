@@ -48,3 +48,29 @@ HOT int omv_bf16_all_finite(const void *src, size_t n)
     }
     return !bad;
 }
+
+HOT float omv_bf16_sum_squares(const void *src, size_t n)
+{
+    const unsigned char *s = src;
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; k++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * (i + k), sizeof(h));
+            uint32_t u = (uint32_t)h << 16;
+            float f;
+            memcpy(&f, &u, sizeof(f));
+            acc[k] += f * f;
+        }
+    }
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, s + 2 * i, sizeof(h));
+        uint32_t u = (uint32_t)h << 16;
+        float f;
+        memcpy(&f, &u, sizeof(f));
+        acc[0] += f * f;
+    }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}

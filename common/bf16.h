@@ -13,3 +13,6 @@ void omv_bf16_from_f32(uint16_t *dst, const float *src, size_t n);
 void omv_bf16_to_f32(float *dst, const void *src, size_t n);
 /* Whether none of src[n] (bf16, any alignment) is NaN or infinite. */
 int omv_bf16_all_finite(const void *src, size_t n);
+
+/* The sum of the squares of src[n] (bf16, any alignment), in float. */
+float omv_bf16_sum_squares(const void *src, size_t n);

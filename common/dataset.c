@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #define IDX_UBYTE 0x08
@@ -88,6 +89,29 @@ static int idx_read(idx_file_t *f, const char *path, uint64_t skip, uint8_t *dst
     return 0;
 }
 
+/* deflate shrinks data by at most about 1032:1, so a compressed file of n bytes holds at most
+ * this many bytes; an uncompressed file holds exactly its size. */
+#define DEFLATE_MAX_RATIO 1100u
+
+/* Checks, before anything is allocated, that the file can hold `need` bytes of data after its
+ * header: a short file must not make the loader allocate what its header claims (found by
+ * fuzzing: 73 bytes that asked for 6.7 GB). */
+static int idx_fits(idx_file_t *f, const char *path, uint64_t need, const char *what, char *err)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return 0; /* gzopen succeeded: reading will say what is wrong */
+    uint64_t head = 4 + 4 * (uint64_t)f->ndims, size = (uint64_t)st.st_size;
+    uint64_t room = gzdirect(f->gz) ? (size > head ? size - head : 0) : size * DEFLATE_MAX_RATIO;
+    if (!S_ISREG(st.st_mode) || need <= room)
+        return 0;
+    snprintf(err, OMV_CONFIG_ERR_MAX,
+             "%s: truncated: its header announces %llu bytes of %s but the file has %llu bytes%s",
+             path, (unsigned long long)need, what, (unsigned long long)size,
+             gzdirect(f->gz) ? "" : " (compressed)");
+    return -EPROTO;
+}
+
 int omv_dataset_probe(const char *images_path, uint32_t *ret_count, uint32_t *ret_rows,
                       uint32_t *ret_cols, char *err)
 {
@@ -136,6 +160,11 @@ int omv_dataset_load(omv_dataset_t *ret, const char *images_path, const char *la
     d.rows = fi.dims[1];
     d.cols = fi.dims[2];
     uint64_t size = (uint64_t)d.rows * d.cols;
+    r = idx_fits(&fi, images_path, (uint64_t)(begin + count) * size, "image data", err);
+    if (r == 0)
+        r = idx_fits(&fl, labels_path, (uint64_t)begin + count, "label data", err);
+    if (r < 0)
+        goto out;
     d.pixels = malloc(count * size);
     d.labels = malloc(count);
     if (d.pixels == NULL || d.labels == NULL) {

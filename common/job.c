@@ -56,6 +56,11 @@ const omv_config_entry_t omv_job_table[] = {
     {"train", "learning_rate", DBL(learning_rate), "0.01", 0, 100, 0, "SGD step size"},
     {"train", "momentum", DBL(momentum), "0.9", 0, 0.999, 0, "SGD momentum"},
     {"train", "weight_decay", DBL(weight_decay), "0", 0, 1, 0, "L2 penalty added to gradients"},
+    {"train", "gradient_norm_bound", DBL(gradient_norm_bound), "100", 0, 1e12, 0,
+     "a pushed gradient whose norm is over this many times the largest its shard accepted lately "
+     "is refused and the step goes on without it (0: no bound)"},
+    {"train", "gradient_norm_warmup", INT(gradient_norm_warmup), "10", 0, 1000000000, 0,
+     "gradients each shard accepts to learn their norms before the bound applies"},
     {"cluster", "workers", INT(workers), "2", 1, 1024, 0, "trainer processes the job waits for"},
     {"cluster", "groups", INT(groups), "1", 1, 1024, 0,
      "compute groups: synchronous inside, asynchronous across"},
@@ -71,6 +76,9 @@ const omv_config_entry_t omv_job_table[] = {
      "daemon keeps and updates fp32) or fp32 (exact)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead"},
+    {"cluster", "progress_timeout_s", DBL(progress_timeout_s), "60", 0.1, 86400, 0,
+     "a trainer of a running job that pushes no gradient this long (and waits for no other "
+     "group) is declared dead: heartbeats alone do not hold a place in a group"},
     {"cluster", "start_timeout_s", DBL(start_timeout_s), "60", 0.1, 86400, 0,
      "start with the workers that came (at least one) when not all came within this long"},
     {"eval", "every_epochs", DBL(eval_every_epochs), "0.5", 0, 1000, 0,
@@ -95,7 +103,8 @@ const omv_config_entry_t omv_job_table[] = {
     {"optimizer", "first_grid_cold_lr", BOOL(first_grid_cold_lr), "yes", 0, 1, 0,
      "the first search's grids probe only the cold start's learning rate (no: a tenth too)"},
     {"checkpoint", "dir", STR(checkpoint_dir), "", 0, 0, 0,
-     "where checkpoints go (empty: STATE_DIR/checkpoints/JOB_NAME, STATE_DIR from the daemon)"},
+     "where checkpoints go, in the daemon's state folder (relative: to it) or its [security] "
+     "checkpoint_root (empty: STATE_DIR/checkpoints/JOB_NAME)"},
     {"checkpoint", "every_s", DBL(checkpoint_every_s), "60", 0, 1e7, 0,
      "write a checkpoint this often while training (0: not by time)"},
     {"checkpoint", "every_steps", INT(checkpoint_every_steps), "0", 0, 1e12, 0,
@@ -391,7 +400,43 @@ int omv_job_load(omv_job_t *ret_job, const char *path, char *err)
     return r;
 }
 
+/* Calls check on each path of a comma-separated list. */
+static int check_list(const char *list, omv_job_path_check_fn check, void *ctx, char *err)
+{
+    char item[OMV_JOB_PATH_MAX];
+    for (const char *p = list; *p;) {
+        size_t n = strcspn(p, ",");
+        if (n > 0 && n < sizeof(item)) {
+            memcpy(item, p, n);
+            item[n] = '\0';
+            int r = check(ctx, item, err);
+            if (r < 0)
+                return r;
+        }
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+int omv_job_check_paths(const omv_job_t *job, omv_job_path_check_fn check, void *ctx, char *err)
+{
+    const char *paths[] = {job->train_images, job->train_labels, job->test_images, job->test_labels,
+                           job->definition};
+    for (size_t i = 0; i < OMV_ARRAY_SIZE(paths); i++) {
+        int r = check_list(paths[i], check, ctx, err);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
 int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err)
+{
+    return omv_job_load_text_checked(ret_job, path, text, NULL, NULL, err);
+}
+
+int omv_job_load_text_checked(omv_job_t *ret_job, const char *path, const char *text,
+                              omv_job_path_check_fn check, void *ctx, char *err)
 {
     omv_job_t job;
     memset(&job, 0, sizeof(job));
@@ -425,6 +470,11 @@ int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, ch
             snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [data]: path '%s' is too long", path, paths[i]);
             return -ENAMETOOLONG;
         }
+    }
+    if (check != NULL) {
+        r = omv_job_check_paths(&job, check, ctx, err);
+        if (r < 0)
+            return r;
     }
     r = validate_model(&job, path, layers_line, err);
     if (r < 0)

@@ -49,13 +49,16 @@ typedef struct {
     double learning_rate;
     double momentum;
     double weight_decay;
+    double gradient_norm_bound;   /* x the shard's running gradient norm; 0: none */
+    int64_t gradient_norm_warmup; /* gradients per shard before the bound applies */
     /* [cluster] */
     int64_t workers;
     int64_t groups;
     int64_t staleness; /* -1: no bound */
     int64_t shards;
     double worker_timeout_s;
-    double start_timeout_s; /* start with fewer than `workers` after this long */
+    double progress_timeout_s; /* a trainer that pushes nothing this long is dead */
+    double start_timeout_s;    /* start with fewer than `workers` after this long */
     /* [eval] */
     double eval_every_epochs; /* 0: only at the end */
     int64_t eval_batch_size;
@@ -89,6 +92,16 @@ int omv_job_load(omv_job_t *ret_job, const char *path, char *err);
 #define OMV_JOB_FILE_MAX (1 << 20)
 int omv_job_read(const char *path, char **ret_text, char *err);
 int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err);
+
+/* Asked about every file a job names before any of them is read: returns 0 when path may be
+ * read on someone's behalf, else a negative errno with the reason in err[OMV_CONFIG_ERR_MAX]. */
+typedef int (*omv_job_path_check_fn)(void *ctx, const char *path, char *err);
+/* omv_job_load_text that asks check(ctx, ...) about the data and definition files (each path of
+ * a list) first; the first refusal is returned. */
+int omv_job_load_text_checked(omv_job_t *ret_job, const char *path, const char *text,
+                              omv_job_path_check_fn check, void *ctx, char *err);
+/* Asks check about every data and definition file job names (after overrides). */
+int omv_job_check_paths(const omv_job_t *job, omv_job_path_check_fn check, void *ctx, char *err);
 
 /* Validates cross-key rules (the model, groups vs workers); also after command-line overrides.
  * Reads the definition file, if the job names one, into model_text and checks that its shapes

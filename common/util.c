@@ -47,6 +47,31 @@ int omv_strlcpy(char *dst, const char *src, size_t cap)
     return 0;
 }
 
+int omv_str_escape(char *dst, const char *src, size_t cap)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
+        char esc[4] = {(char)*p};
+        size_t n = 1;
+        if (*p < 0x20 || *p == 0x7f) {
+            esc[0] = '\\', esc[1] = 'x', esc[2] = hex[*p >> 4], esc[3] = hex[*p & 15];
+            n = 4;
+        } else if (*p == '\\') {
+            esc[1] = '\\';
+            n = 2;
+        }
+        if (o + n >= cap) {
+            dst[o] = '\0';
+            return -ENAMETOOLONG;
+        }
+        memcpy(dst + o, esc, n);
+        o += n;
+    }
+    dst[o] = '\0';
+    return 0;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif
@@ -62,6 +87,22 @@ int omv_all_finite(const float *v, size_t n)
         bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
     }
     return bad == 0;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+float omv_sum_squares(const float *v, size_t n)
+{
+    /* Eight partial sums, so that the loop vectorises without reassociating one. */
+    float acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            acc[k] += v[i + k] * v[i + k];
+    for (; i < n; i++)
+        acc[0] += v[i] * v[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 void omv_keep_memory_resident(void)

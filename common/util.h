@@ -16,9 +16,17 @@ const char *omv_strerror(int err);
 /* Copies src into dst[cap], always terminating; returns -ENAMETOOLONG when it had to cut. */
 int omv_strlcpy(char *dst, const char *src, size_t cap);
 
+/* Copies src into dst[cap] with control characters (and DEL) written as \xNN and a backslash
+ * as \\, so that a string from a peer cannot start a line of its own in a log or a key:value
+ * reply; an escape is never cut in half. Returns -ENAMETOOLONG when it had to cut, else 0. */
+int omv_str_escape(char *dst, const char *src, size_t cap);
+
 /* True when every one of the n floats is finite. */
 /* Tunes the allocator so that large buffers freed and allocated again (ZeroMQ messages of
  * parameters and gradients) reuse resident memory instead of fresh pages. Call once at start. */
 void omv_keep_memory_resident(void);
 
 int omv_all_finite(const float *v, size_t n);
+
+/* The sum of the squares of v[n], in float: infinite for values whose squares overflow. */
+float omv_sum_squares(const float *v, size_t n);

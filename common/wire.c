@@ -38,7 +38,8 @@ static void arena_free(void *data, void *ptr)
 }
 
 static const char *const refuse_names[] = {
-    "none", "malformed", "version", "unknown_worker", "shape", "not_finite", "step", "full", "role",
+    "none", "malformed", "version", "unknown_worker", "shape", "not_finite",
+    "step", "full",      "role",    "norm",           "auth",
 };
 
 const char *omv_refuse_name(omv_refuse_t code)
@@ -296,6 +297,31 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, ch
     return 0;
 }
 
+/* A string a person reads (a hostname, a name, a reason): stored with its control characters
+ * escaped, so that a newline from a peer cannot forge lines in logs and key:value replies; an
+ * escaped string longer than dst is cut. */
+static int copy_text(char *dst, size_t cap, const char *src, const char *what, char *why)
+{
+    if (src != NULL && strlen(src) >= cap)
+        FAIL("%s longer than %zu bytes", what, cap - 1);
+    omv_str_escape(dst, src ? src : "", cap);
+    return 0;
+}
+
+/* protobuf-c leaves an empty repeated field NULL, and memcpy from NULL is undefined even for
+ * no bytes (found by fuzzing: every Welcome without `std`). */
+static void copy_floats(float *dst, const float *src, size_t n)
+{
+    if (n > 0)
+        memcpy(dst, src, n * sizeof(float));
+}
+
+static void copy_u32(uint32_t *dst, const uint32_t *src, size_t n)
+{
+    if (n > 0)
+        memcpy(dst, src, n * sizeof(uint32_t));
+}
+
 static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *why)
 {
     if (j == NULL)
@@ -315,16 +341,16 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
             0)
         return -EPROTO;
     out->n_layers = (uint32_t)j->n_layers;
-    memcpy(out->layers, j->layers, j->n_layers * sizeof(uint32_t));
+    copy_u32(out->layers, j->layers, j->n_layers);
     if (j->n_mean > 16 || j->n_std > 16)
         FAIL("job has %zu means and %zu stds, at most 16 each", j->n_mean, j->n_std);
     out->scale = j->scale;
     out->n_mean = (uint32_t)j->n_mean;
-    memcpy(out->mean, j->mean, j->n_mean * sizeof(float));
+    copy_floats(out->mean, j->mean, j->n_mean);
     out->n_std = (uint32_t)j->n_std;
-    memcpy(out->std, j->std, j->n_std * sizeof(float));
+    copy_floats(out->std, j->std, j->n_std);
     out->n_shards = (uint32_t)j->n_shard_offsets - 1;
-    memcpy(out->shard_offsets, j->shard_offsets, j->n_shard_offsets * sizeof(uint32_t));
+    copy_u32(out->shard_offsets, j->shard_offsets, j->n_shard_offsets);
     for (uint32_t i = 0; i < out->n_shards; i++)
         if (out->shard_offsets[i] > out->shard_offsets[i + 1])
             FAIL("shard offsets are not ascending");
@@ -356,10 +382,10 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.hello.pid = h->pid;
         m->u.hello.threads = h->threads;
         m->u.hello.previous_worker_id = h->previous_worker_id;
-        if (copy_str(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
+        if (copy_text(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
             return -EPROTO;
-        return copy_str(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname, "hostname",
-                        why);
+        return copy_text(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname, "hostname",
+                         why);
     }
     case OMNIVORE__ENVELOPE__BODY_WELCOME:
         m->u.welcome.protocol_version = env->welcome->protocol_version;
@@ -411,13 +437,13 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         m->u.error.code = (unsigned)env->error->code < OMV_REFUSE_COUNT_
                               ? (omv_refuse_t)env->error->code
                               : OMV_REFUSE_MALFORMED;
-        return copy_str(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason", why);
+        return copy_text(m->u.error.reason, OMV_WIRE_REASON_MAX, env->error->reason, "reason", why);
     case OMNIVORE__ENVELOPE__BODY_STOP:
         m->u.stop.reconnect = env->stop->reconnect;
-        return copy_str(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
+        return copy_text(m->u.stop.reason, OMV_WIRE_REASON_MAX, env->stop->reason, "reason", why);
     case OMNIVORE__ENVELOPE__BODY_LEAVE:
         m->u.leave.worker_id = env->leave->worker_id;
-        return copy_str(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason", why);
+        return copy_text(m->u.leave.reason, OMV_WIRE_REASON_MAX, env->leave->reason, "reason", why);
     default:
         FAIL("envelope has no message");
     }

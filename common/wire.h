@@ -54,6 +54,8 @@ typedef enum {
     OMV_REFUSE_STEP,
     OMV_REFUSE_FULL,
     OMV_REFUSE_ROLE,
+    OMV_REFUSE_NORM,  /* a gradient far larger than its shard has been receiving */
+    OMV_REFUSE_AUTH,  /* a key not (or no longer) admitted, or not for the role it asks */
     OMV_REFUSE_COUNT_ /* number of reasons */
 } omv_refuse_t;
 

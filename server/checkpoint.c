@@ -219,6 +219,33 @@ int omv_checkpoint_mkdirs(const char *dir)
     return make_dir(path);
 }
 
+/* Creates tmp afresh: never through a link someone left in its place, never into a file that
+ * exists (a leftover regular file of ours from a crash is replaced). Returns the fd or a
+ * negative errno with the reason in err. */
+static int open_tmp(const char *tmp, char *err)
+{
+    for (int tries = 0; tries < 2; tries++) {
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+        if (fd >= 0)
+            return fd;
+        int r = -errno;
+        struct stat st;
+        if (r == -EEXIST && tries == 0 && lstat(tmp, &st) == 0 && S_ISREG(st.st_mode) &&
+            st.st_nlink == 1 && unlink(tmp) == 0)
+            continue;
+        if (r == -EEXIST || r == -ELOOP)
+            snprintf(err, OMV_CHECKPOINT_ERR_MAX,
+                     "refused to write %s: it exists and is not a file of ours (a link?); not "
+                     "written through it",
+                     tmp);
+        else
+            snprintf(err, OMV_CHECKPOINT_ERR_MAX, "cannot create %s: %s", tmp, omv_strerror(r));
+        return r;
+    }
+    snprintf(err, OMV_CHECKPOINT_ERR_MAX, "cannot create %s: it keeps coming back", tmp);
+    return -EEXIST;
+}
+
 int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path, size_t cap,
                          char *err)
 {
@@ -231,13 +258,9 @@ int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *re
     }
     snprintf(path, sizeof(path), "%s/checkpoint-%08" PRIu64 ".omv", dir, self->seq);
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    writer_t w = {.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640),
-                  .crc = crc32(0L, Z_NULL, 0)};
-    if (w.fd < 0) {
-        r = -errno;
-        snprintf(err, OMV_CHECKPOINT_ERR_MAX, "cannot create %s: %s", tmp, omv_strerror(r));
-        return r;
-    }
+    writer_t w = {.fd = open_tmp(tmp, err), .crc = crc32(0L, Z_NULL, 0)};
+    if (w.fd < 0)
+        return w.fd;
     write_body(&w, self);
     r = w.err;
     if (r == 0 && fsync(w.fd) < 0)

@@ -25,6 +25,7 @@
 enum {
     NEEDS_JOB = 1 << 0, /* answered only when a job is loaded */
     NO_JSON = 1 << 1,   /* has no JSON form */
+    CHANGES = 1 << 2,   /* changes the daemon: root, its user or [security] admin_group only */
 };
 
 typedef int (*handler_fn)(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply);
@@ -36,6 +37,14 @@ typedef struct {
     unsigned flags;
     handler_fn handler;
 } command_t;
+
+/* The client being served (SO_PEERCRED); an unknown one has no rights. */
+static omv_caller_t caller_of(const omv_daemon_t *d)
+{
+    omv_caller_t c = {(uid_t)-1, (gid_t)-1, 0};
+    omv_control_caller(d->control, &c.uid, &c.gid, &c.pid);
+    return c;
+}
 
 static int cmd_status(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
 {
@@ -276,7 +285,10 @@ static int checkpoints_fit(const omv_daemon_t *d, const omv_job_t *job, omv_strb
 {
     char dir[OMV_JOB_PATH_MAX], why[1024];
     omv_run_ckpt_dir(job, d->cfg.state_dir, dir, sizeof(dir));
-    if (dir[0] == '\0' || omv_run_ckpt_check_dir(dir, why, sizeof(why)) == 0)
+    /* Writable first: under the sandbox its fix (ReadWritePaths=) is the one to name first. */
+    if (dir[0] == '\0' || (omv_run_ckpt_check_dir(dir, why, sizeof(why)) == 0 &&
+                           omv_run_ckpt_confined(dir, d->cfg.state_dir, d->cfg.checkpoint_root, why,
+                                                 sizeof(why)) == 0))
         return 0;
     omv_log_warn("refused a submitted job: %s", why);
     omv_strbuf_printf(reply, "job refused: %s", why);
@@ -298,7 +310,8 @@ static int cmd_submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strb
     }
     omv_job_t *job;
     char *text;
-    if (omv_jobs_parse(path, argv + 2, argc - 2, &job, &text, err) < 0) {
+    omv_caller_t who = caller_of(d);
+    if (omv_jobs_parse(&who, path, argv + 2, argc - 2, &job, &text, err) < 0) {
         omv_log_warn("refused a submitted job: %s", err);
         omv_strbuf_printf(reply, "job refused: %s", err);
         return -EINVAL;
@@ -421,14 +434,14 @@ static const command_t commands[] = {
     {"metrics", NULL, 0, NO_JSON, cmd_metrics},
     {"summary", NULL, 0, NEEDS_JOB, cmd_summary},
     {"history", NULL, 0, NEEDS_JOB, cmd_history},
-    {"checkpoint", NULL, 0, NEEDS_JOB, cmd_checkpoint},
+    {"checkpoint", NULL, 0, NEEDS_JOB | CHANGES, cmd_checkpoint},
     {"optimizer", NULL, 0, 0, cmd_optimizer},
-    {"regroup", "G", 1, NEEDS_JOB, cmd_regroup},
+    {"regroup", "G", 1, NEEDS_JOB | CHANGES, cmd_regroup},
     {"jobs", NULL, 0, 0, cmd_jobs},
-    {"submit", "PATH [S.K=V ...]", -1, 0, cmd_submit},
-    {"stop", "[ID|NAME]", 1, 0, cmd_stop},
-    {"reload", NULL, 0, 0, cmd_reload},
-    {"shutdown", NULL, 0, 0, cmd_shutdown},
+    {"submit", "PATH [S.K=V ...]", -1, CHANGES, cmd_submit},
+    {"stop", "[ID|NAME]", 1, CHANGES, cmd_stop},
+    {"reload", NULL, 0, CHANGES, cmd_reload},
+    {"shutdown", NULL, 0, CHANGES, cmd_shutdown},
     {"help", NULL, 0, 0, cmd_help},
 };
 
@@ -457,6 +470,25 @@ static int take_json(int *argc, char **argv)
     return json;
 }
 
+/* A changing command is for root, the daemon's user and the admin group; each one is logged
+ * with who asked. */
+static int may_change(const omv_daemon_t *d, const command_t *c, omv_strbuf_t *reply)
+{
+    omv_caller_t who = caller_of(d);
+    if (!omv_caller_may_change(&who, d->admin_gid)) {
+        omv_log_warn("control: refused '%s' from uid %u (pid %d): read-only caller", c->name,
+                     (unsigned)who.uid, (int)who.pid);
+        omv_strbuf_printf(reply,
+                          "'%s' changes the daemon: only root, the daemon's user or the group "
+                          "[security] admin_group%s%s%s may; uid %u may only read",
+                          c->name, d->cfg.admin_group[0] ? " ('" : "", d->cfg.admin_group,
+                          d->cfg.admin_group[0] ? "')" : "", (unsigned)who.uid);
+        return 0;
+    }
+    omv_log_info("control: '%s' from uid %u (pid %d)", c->name, (unsigned)who.uid, (int)who.pid);
+    return 1;
+}
+
 /* Checks the words and flags against the command's entry. Returns 0 or -errno with reply. */
 static int command_fits(const omv_daemon_t *d, const command_t *c, int argc, char **argv, int json,
                         omv_strbuf_t *reply)
@@ -472,6 +504,8 @@ static int command_fits(const omv_daemon_t *d, const command_t *c, int argc, cha
         omv_strbuf_printf(reply, "%s are Prometheus text only; drop --json", c->name);
         return -EINVAL;
     }
+    if ((c->flags & CHANGES) && !may_change(d, c, reply))
+        return -EPERM;
     if ((c->flags & NEEDS_JOB) && d->run == NULL) {
         omv_strbuf_printf(reply, "no job is loaded; submit one with 'omnivorectl submit "
                                  "JOB.ini'");

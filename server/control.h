@@ -3,10 +3,19 @@
  * "error: <what to do>"; the rest is the body (key:value sections, or JSON with --json). */
 #pragma once
 
+#include <poll.h>
+#include <stdint.h>
+#include <sys/types.h>
+
 #include "strbuf.h"
 
 #define OMV_CONTROL_LINE_MAX 4096
 #define OMV_CONTROL_MAX_ARGS 40
+/* Clients connected at once; one more is answered "too many" and closed. A client has 2 s to
+ * send its line and 5 s to read its answer. */
+#define OMV_CONTROL_MAX_CONNS 32
+/* The most sockets omv_control_pollfds returns. */
+#define OMV_CONTROL_POLL_MAX (1 + OMV_CONTROL_MAX_CONNS)
 
 typedef struct omv_control omv_control_t;
 
@@ -19,11 +28,27 @@ typedef int (*omv_control_handler_fn)(void *ctx, int argc, char **argv, omv_strb
 omv_control_t *omv_control_new(const char *path);
 /* Closes and unlinks the socket. */
 void omv_control_destroy(omv_control_t **self_p);
-int omv_control_fd(const omv_control_t *self);
 
-/* Accepts one waiting client, reads its line (within 1 s), answers through fn and closes;
- * unless fn deferred the answer (omv_control_defer) and returned OMV_CONTROL_DEFERRED. */
-void omv_control_serve(omv_control_t *self, omv_control_handler_fn fn, void *ctx);
+/* The sockets to poll, into fds[cap] (events set): the listening one and every client that is
+ * sending its line (POLLIN) or reading its answer (POLLOUT). Returns how many. */
+int omv_control_pollfds(const omv_control_t *self, struct pollfd *fds, int cap);
+
+/* Handles what poll found on fds[nfds] (from omv_control_pollfds, revents set) without ever
+ * waiting: accepts clients, reads their lines, answers a whole line through fn (unless fn
+ * deferred it with omv_control_defer and returned OMV_CONTROL_DEFERRED) and writes answers as
+ * the clients take them. A slow or idle client holds up nobody. */
+void omv_control_serve(omv_control_t *self, const struct pollfd *fds, int nfds,
+                       omv_control_handler_fn fn, void *ctx);
+
+/* Gives up clients past their time (call periodically): one that sent no line is told so. */
+void omv_control_expire(omv_control_t *self);
+
+/* Clients refused for being too many, and clients given up for being slow, so far. */
+void omv_control_counts(const omv_control_t *self, uint64_t *ret_refused, uint64_t *ret_timeouts);
+
+/* From inside a handler: who the client being served is (SO_PEERCRED). Returns 0, or -ENOENT
+ * outside a handler. */
+int omv_control_caller(const omv_control_t *self, uid_t *ret_uid, gid_t *ret_gid, pid_t *ret_pid);
 
 /* A handler returns this after omv_control_defer: it answers later. */
 #define OMV_CONTROL_DEFERRED 1

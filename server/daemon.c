@@ -5,11 +5,14 @@
 #include "daemon.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "allow.h"
+#include "cert.h"
 #include "commands.h"
 #include "daemon_config.h"
 #include "daemon_priv.h"
@@ -65,6 +68,11 @@ static void cron_local(omv_daemon_t *d)
     omv_local_watch(d); /* a local worker's process that is gone is dead at once */
 }
 
+static void cron_control(omv_daemon_t *d)
+{
+    omv_control_expire(d->control); /* a client that says nothing is let go */
+}
+
 static void cron_notify(omv_daemon_t *d)
 {
     omv_status_notify(d); /* systemd's STATUS= line (rate-limited in notify.c) */
@@ -78,8 +86,11 @@ typedef struct {
 
 /* In this order, each when its period has passed. */
 static const cron_task_t cron_tasks[] = {
-    {"expire silent members", 100, cron_members}, {"workers on this host", 100, cron_local},
-    {"the run's periodic work", 100, cron_run},   {"reload on SIGHUP", 100, cron_reload},
+    {"expire silent members", 100, cron_members},
+    {"workers on this host", 100, cron_local},
+    {"the run's periodic work", 100, cron_run},
+    {"reload on SIGHUP", 100, cron_reload},
+    {"control clients past their time", 100, cron_control},
     {"systemd status", 100, cron_notify},
 };
 
@@ -100,7 +111,100 @@ static int64_t cron(omv_daemon_t *d, int64_t *last_ms)
     return wait;
 }
 
+/* ---- CURVE ---- */
+
+/* A relative path of a credential is systemd's LoadCredential= one when there is one. */
+static void credential_path(const char *path, char *out, size_t cap)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (path[0] != '/' && creds && creds[0])
+        snprintf(out, cap, "%s/%s", creds, path);
+    else
+        omv_strlcpy(out, path, cap);
+}
+
+static int loopback(const char *endpoint)
+{
+    return strncmp(endpoint, "tcp://127.", 10) == 0 ||
+           strncmp(endpoint, "tcp://localhost:", 16) == 0 ||
+           strncmp(endpoint, "tcp://[::1]:", 12) == 0;
+}
+
+/* ZAP: a key connects when the allow-list folder has it. */
+static int admit(void *ctx, const char *key)
+{
+    omv_daemon_t *d = ctx;
+    unsigned roles;
+    int r = omv_allow_find(d->allow_dir, key, &roles);
+    if (r == 1)
+        return 1;
+    char why[OMV_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why), "key %.8s... is not in the allow-list folder %s%s%s", key,
+             d->allow_dir, r < 0 ? ": " : "", r < 0 ? omv_strerror(r) : "");
+    omv_refusals_count(&d->refusals, OMV_REFUSE_AUTH, "a CURVE handshake", why);
+    return 0;
+}
+
+/* Decides on CURVE and reads the daemon's key into secret[cap]. Returns 0 (d->curve says
+ * whether it is on, and *ret is filled when it is) or a negative errno after logging what to
+ * do. */
+static int setup_curve(omv_daemon_t *d, omv_router_curve_t *ret, char *secret, size_t cap)
+{
+    const omv_daemon_config_t *cfg = &d->cfg;
+    int tcp = strncmp(cfg->endpoint, "tcp://", 6) == 0;
+    if (strcmp(cfg->curve, "yes") != 0 && strcmp(cfg->curve, "no") != 0 &&
+        strcmp(cfg->curve, "auto") != 0) {
+        omv_log_error("[security] curve = '%s' is not yes, no or auto", cfg->curve);
+        return -EINVAL;
+    }
+    d->curve = strcmp(cfg->curve, "yes") == 0 || (strcmp(cfg->curve, "auto") == 0 && tcp);
+    if (!d->curve) {
+        if (tcp && !loopback(cfg->endpoint))
+            omv_log_warn("[security] curve = no on %s: anyone who reaches it can join and "
+                         "steer training",
+                         cfg->endpoint);
+        return 0;
+    }
+    char path[OMV_JOB_PATH_MAX + 256], err[OMV_CONFIG_ERR_MAX] = "";
+    omv_cert_t cert = {.secret_key = ""};
+    credential_path(cfg->secret_key, path, sizeof(path));
+    credential_path(cfg->allow_dir, d->allow_dir, sizeof(d->allow_dir));
+    if (omv_cert_read(path, &cert, err) < 0 || cert.secret_key[0] == '\0') {
+        omv_log_error("CURVE is on for %s but the daemon's secret key cannot be used (%s%s); "
+                      "make one with omnivorectl keygen daemon DIR and set [security] "
+                      "secret_key, or set [security] curve = no on a closed network",
+                      cfg->endpoint, err[0] ? err : path, err[0] ? "" : ": no secret-key");
+        return -EACCES;
+    }
+    int r = omv_allow_check(d->allow_dir);
+    if (r < 0) {
+        omv_log_error("CURVE is on but the allow-list folder %s cannot be read: %s", d->allow_dir,
+                      omv_strerror(r));
+        return r;
+    }
+    omv_strlcpy(secret, cert.secret_key, cap);
+    memset(&cert, 0, sizeof(cert));
+    *ret = (omv_router_curve_t){secret, admit, d};
+    return 0;
+}
+
 /* ---- life ---- */
+
+/* Without a job at start and without a configured limit, frames are held to this. */
+#define DEFAULT_MAX_MESSAGE (64 << 20)
+/* With a start job, frames may be as large as its messages, and at least this: the jobs
+ * submitted after it (a CNN after the MLP example, 3.5 MB) fit without a restart. */
+#define MIN_MAX_MESSAGE (16 << 20)
+
+/* The worker endpoint's frame limit: the configured one, else what the start job's messages
+ * need (at least MIN_MAX_MESSAGE), else the default. */
+static int64_t max_message(const omv_daemon_config_t *cfg, const omv_job_t *job)
+{
+    if (cfg->max_message_bytes > 0)
+        return cfg->max_message_bytes;
+    int64_t need = job ? omv_run_message_bytes(job) : -EINVAL;
+    return need <= 0 ? DEFAULT_MAX_MESSAGE : need > MIN_MAX_MESSAGE ? need : MIN_MAX_MESSAGE;
+}
 
 omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *job,
                              const char *job_path, const char *job_text)
@@ -113,12 +217,30 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     d->local.fd = -1;
     for (int i = 0; i < OMV_DAEMON_MAX_PENDING; i++)
         d->pending[i].id = -1;
+    d->admin_gid = (gid_t)-1;
+    if (cfg->admin_group[0]) {
+        struct group *g = getgrnam(cfg->admin_group);
+        if (g == NULL) {
+            omv_log_error("[security] admin_group '%s' is not a group on this machine",
+                          cfg->admin_group);
+            free(d);
+            errno = EINVAL;
+            return NULL;
+        }
+        d->admin_gid = g->gr_gid;
+    }
     d->members = omv_members_new(OMV_MEMBERS_MAX);
     d->jobs = omv_jobs_new(cfg->state_dir, cfg->once);
     int r = -ENOMEM;
     if (d->members == NULL || d->jobs == NULL)
         goto fail;
-    d->router = omv_router_new(cfg->endpoint);
+    omv_router_curve_t curve;
+    char secret[OMV_CERT_KEY_LEN + 1];
+    r = setup_curve(d, &curve, secret, sizeof(secret));
+    if (r < 0)
+        goto fail;
+    d->router = omv_router_new(cfg->endpoint, max_message(cfg, job), d->curve ? &curve : NULL);
+    memset(secret, 0, sizeof(secret));
     if (d->router == NULL) {
         r = -errno;
         omv_log_error("cannot bind worker endpoint '%s': %s", cfg->endpoint, omv_strerror(r));
@@ -207,11 +329,16 @@ static void say_goodbye(omv_daemon_t *d)
 /* One turn: waits for the sockets (at most until the next cron task), handles what came. */
 static int turn(omv_daemon_t *d, int64_t wait)
 {
-    int fds[2] = {omv_control_fd(d->control), d->local.fd};
-    short revents[2] = {0, 0};
+    struct pollfd fds[OMV_CONTROL_POLL_MAX + 1];
+    int nfds = omv_control_pollfds(d->control, fds, OMV_CONTROL_POLL_MAX);
+    int local = -1; /* where the shared-memory socket is in fds */
+    if (d->local.fd >= 0) {
+        local = nfds++;
+        fds[local] = (struct pollfd){d->local.fd, POLLIN, 0};
+    }
     int router_ready = 0, pipes_ready = 0;
-    int r = omv_router_poll(d->router, fds, d->local.fd >= 0 ? 2 : 1, revents, &router_ready,
-                            &pipes_ready, wait > 0 ? (int)wait : 0);
+    int r = omv_router_poll(d->router, fds, nfds, &router_ready, &pipes_ready,
+                            wait > 0 ? (int)wait : 0);
     if (r < 0 && r != -EINTR) {
         omv_log_error("poll failed: %s", omv_strerror(r));
         return r;
@@ -223,9 +350,9 @@ static int turn(omv_daemon_t *d, int64_t wait)
         if (d->run)
             omv_run_progress(d->run);
     }
-    if (r > 0 && (revents[0] & POLLIN))
-        omv_control_serve(d->control, omv_commands_dispatch, d);
-    if (r > 0 && (revents[1] & POLLIN))
+    if (r > 0)
+        omv_control_serve(d->control, fds, local >= 0 ? local : nfds, omv_commands_dispatch, d);
+    if (r > 0 && local >= 0 && (fds[local].revents & POLLIN))
         omv_local_accept(d);
     return 0;
 }

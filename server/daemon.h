@@ -14,6 +14,12 @@ typedef struct {
     char job[OMV_JOB_PATH_MAX]; /* job file to run */
     char log_level[16];
     char state_dir[OMV_JOB_PATH_MAX]; /* checkpoints live under it */
+    int64_t max_message_bytes;        /* a frame limit on the worker endpoint; 0: from the job */
+    char admin_group[64];             /* its members may change the daemon; "": none */
+    char checkpoint_root[OMV_JOB_PATH_MAX]; /* jobs may checkpoint there too; "": none */
+    char curve[8];                          /* auto (tcp only), yes or no */
+    char secret_key[OMV_JOB_PATH_MAX];      /* the daemon's secret certificate */
+    char allow_dir[OMV_JOB_PATH_MAX];       /* public certificates of admitted workers */
     int once; /* not a config key (omnivored --once): run the given job only, refuse
                * submissions, and tell the workers to exit when it ends */
 } omv_daemon_config_t;

@@ -26,6 +26,23 @@ const omv_config_entry_t omv_daemon_table[] = {
      "error, warn, info or debug"},
     {"daemon", "state_dir", STR(state_dir), "/var/lib/omnivore", 0, 0, 0,
      "state folder: checkpoints go to STATE_DIR/checkpoints/JOB_NAME unless the job says"},
+    {"security", "max_message_bytes", OMV_CONFIG_INT, FIELD(max_message_bytes), sizeof(int64_t),
+     "0", 0, 1099511627776.0, 0,
+     "largest frame a peer may send the worker endpoint (0: the start job's model, at least 16 "
+     "MiB; else 64 MiB)"},
+    {"security", "admin_group", STR(admin_group), "", 0, 0, 0,
+     "group whose members may submit, stop, regroup, checkpoint and shut down (besides root and "
+     "the daemon's user); others who reach the control socket may only read"},
+    {"security", "checkpoint_root", STR(checkpoint_root), "", 0, 0, 0,
+     "a folder besides the state folder where a job's [checkpoint] dir may lie (empty: none)"},
+    {"security", "curve", STR(curve), "auto", 0, 0, 0,
+     "CURVE on the worker endpoint: yes, no, or auto (yes for tcp://, no for ipc://, whose "
+     "socket file's permissions say who may connect)"},
+    {"security", "secret_key", STR(secret_key), "/etc/omnivore/keys/daemon.key_secret", 0, 0, 0,
+     "the daemon's secret certificate (omnivorectl keygen); a relative path is taken from "
+     "$CREDENTIALS_DIRECTORY (systemd's LoadCredential=)"},
+    {"security", "allow_dir", STR(allow_dir), "/etc/omnivore/workers.d", 0, 0, 0,
+     "the folder of admitted workers' public certificates (NAME.key, with their roles)"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 

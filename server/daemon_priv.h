@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "control.h"
 #include "daemon.h"
@@ -35,6 +36,9 @@ struct omv_daemon {
     omv_jobs_t *jobs;
     omv_run_t *run; /* the current job; NULL when none was loaded or it could not be */
     double created_s;
+    gid_t admin_gid; /* [security] admin_group; (gid_t)-1: none */
+    int curve;       /* CURVE on the worker endpoint: only keys in allow_dir connect */
+    char allow_dir[OMV_JOB_PATH_MAX];
     int shutdown;        /* asked for over the control socket */
     int64_t stopping_ms; /* when the way out began (0: running) */
 

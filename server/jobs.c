@@ -3,6 +3,7 @@
 #include "jobs.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,8 +44,8 @@ void omv_jobs_destroy(omv_jobs_t **self_p)
     *self_p = NULL;
 }
 
-int omv_jobs_parse(const char *path, char *const *sets, int n_sets, omv_job_t **ret_job,
-                   char **ret_text, char *err)
+int omv_jobs_parse(const omv_caller_t *caller, const char *path, char *const *sets, int n_sets,
+                   omv_job_t **ret_job, char **ret_text, char *err)
 {
     char *text = NULL;
     omv_job_t *job = malloc(sizeof(*job));
@@ -52,11 +53,17 @@ int omv_jobs_parse(const char *path, char *const *sets, int n_sets, omv_job_t **
         snprintf(err, OMV_CONFIG_ERR_MAX, "out of memory");
         return -ENOMEM;
     }
-    int r = omv_job_read(path, &text, err);
+    omv_job_path_check_fn check = caller ? omv_caller_check_read : NULL;
+    void *who = (void *)(uintptr_t)caller;
+    int r = check ? check(who, path, err) : 0;
     if (r >= 0)
-        r = omv_job_load_text(job, path, text, err);
+        r = omv_job_read(path, &text, err);
+    if (r >= 0)
+        r = omv_job_load_text_checked(job, path, text, check, who, err);
     for (int i = 0; r >= 0 && i < n_sets; i++)
         r = omv_config_set_arg(omv_job_table, omv_job_table_len, job, sets[i], err);
+    if (r >= 0 && check)
+        r = omv_job_check_paths(job, check, who, err); /* the overrides may name others */
     if (r >= 0)
         r = omv_job_validate(job, path, err);
     if (r >= 0)
@@ -242,7 +249,7 @@ static int restore_line(omv_jobs_t *self, const char *path, char *line)
     char err[OMV_CONFIG_ERR_MAX], sets[OMV_JOBS_SETS_MAX];
     omv_job_t *job;
     char *text;
-    if (omv_jobs_parse(fields[1], fields + 2, nf - 2, &job, &text, err) < 0) {
+    if (omv_jobs_parse(NULL, fields[1], fields + 2, nf - 2, &job, &text, err) < 0) {
         omv_log_error("%s: job %llu cannot be restored: %s", path, id, err);
         return 0;
     }

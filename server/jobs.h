@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "caller.h"
 #include "job.h"
 
 #define OMV_JOBS_MAX_QUEUE 32
@@ -53,10 +54,12 @@ omv_jobs_t *omv_jobs_new(const char *state_dir, int once);
 void omv_jobs_destroy(omv_jobs_t **self_p);
 
 /* Reads path once and parses it with the overrides sets[n_sets] (SECTION.KEY=VALUE), checking
- * it as a run would. Returns 0 with *ret_job and *ret_text (the caller's: free), or a negative
- * errno with the reason in err[OMV_CONFIG_ERR_MAX]. */
-int omv_jobs_parse(const char *path, char *const *sets, int n_sets, omv_job_t **ret_job,
-                   char **ret_text, char *err);
+ * it as a run would; on behalf of caller (NULL: the daemon itself), only files the caller could
+ * read are read, and a refusal says nothing of the file's contents. Returns 0 with *ret_job and
+ * *ret_text (the caller's: free), or a negative errno with the reason in
+ * err[OMV_CONFIG_ERR_MAX]. */
+int omv_jobs_parse(const omv_caller_t *caller, const char *path, char *const *sets, int n_sets,
+                   omv_job_t **ret_job, char **ret_text, char *err);
 
 /* Joins overrides into one tab-separated string. Returns 0 or -E2BIG. */
 int omv_jobs_join_sets(char *const *sets, int n_sets, char out[OMV_JOBS_SETS_MAX]);

@@ -103,7 +103,8 @@ member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, cons
     uint32_t prev = h->previous_worker_id;
     const member_t *old = prev != 0 && prev <= self->n ? &self->records[prev - 1] : NULL;
     int between_jobs = old && (old->state == MEMBER_DONE || old->state == MEMBER_IDLE) &&
-                       old->pid == h->pid && strcmp(old->host, h->hostname) == 0;
+                       old->pid == h->pid && strcmp(old->host, h->hostname) == 0 &&
+                       strcmp(old->key, peer->key) == 0;
     int index = between_jobs ? (int)prev - 1 : free_record(self);
     if (index < 0)
         return NULL;
@@ -120,6 +121,7 @@ member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, cons
     m->previous_id = h->previous_worker_id;
     omv_strlcpy(m->host, h->hostname, sizeof(m->host));
     omv_strlcpy(m->name, h->name, sizeof(m->name));
+    omv_strlcpy(m->key, peer->key, sizeof(m->key));
     m->joined_ms = m->last_seen_ms = omv_time_ms();
     if ((uint32_t)index + 1 > self->n)
         self->n = (uint32_t)index + 1;

@@ -24,11 +24,14 @@ typedef struct {
     uint32_t slot; /* trainers: their slot in the run's groups */
     char host[64];
     char name[64]; /* the worker's --name; may be empty */
+    char key[41];  /* the CURVE key it registered with ("" without): its id is bound to it */
     uint32_t pid;
     uint32_t previous_id; /* the id it had before it rejoined; 0 for a first registration */
     int64_t joined_ms, last_seen_ms;
-    uint64_t steps;  /* steps pushed */
-    uint64_t images; /* images pushed */
+    int64_t last_push_ms; /* when it last pushed a gradient; 0: never */
+    int64_t served_ms;    /* when it was last sent the first shard of a step */
+    uint64_t steps;       /* steps pushed */
+    uint64_t images;      /* images pushed */
     float last_compute_ms;
     uint32_t slice_begin, slice_count; /* its part of the training set now */
     int parked;                        /* a pull is waiting */

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "allow.h"
+#include "cert.h"
 #include "log.h"
 #include "util.h"
 
@@ -26,6 +28,33 @@ static int job_open(const omv_daemon_t *d)
     return d->run && !OMV_JOB_OVER(d->run->state) && d->run->state != JOB_FINISHING;
 }
 
+/* With CURVE, the key the peer connected with must still be in the allow-list folder, and allow
+ * the role it asks for. Returns 1 when it does. */
+static int key_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h, const char *who)
+{
+    if (!d->curve)
+        return 1;
+    unsigned roles = 0;
+    int r = omv_allow_find(d->allow_dir, peer->key, &roles);
+    unsigned want = h->role == OMV_ROLE_EVALUATOR ? OMV_CERT_EVALUATOR : OMV_CERT_TRAINER;
+    if (r == 1 && (roles & want))
+        return 1;
+    char why[OMV_WIRE_REASON_MAX];
+    if (r == 1)
+        snprintf(why, sizeof(why),
+                 "key %.8s... may not take the role %s (its certificate in %s "
+                 "lists roles = \"%s%s%s\")",
+                 peer->key, h->role == OMV_ROLE_EVALUATOR ? "evaluator" : "trainer", d->allow_dir,
+                 (roles & OMV_CERT_TRAINER) ? "trainer" : "",
+                 roles == (OMV_CERT_TRAINER | OMV_CERT_EVALUATOR) ? "," : "",
+                 (roles & OMV_CERT_EVALUATOR) ? "evaluator" : "");
+    else
+        snprintf(why, sizeof(why), "key %.8s... is no longer in the allow-list folder %s",
+                 peer->key, d->allow_dir);
+    omv_refusals_add(&d->refusals, peer, OMV_REFUSE_AUTH, who, why);
+    return 0;
+}
+
 /* Checks a Hello before any record is made. Returns 1 when it may register. */
 static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h,
                       const char *who)
@@ -38,6 +67,8 @@ static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t
         omv_refusals_add(&d->refusals, peer, OMV_REFUSE_VERSION, who, why);
         return 0;
     }
+    if (!key_fits(d, peer, h, who))
+        return 0;
     if (!job_open(d) && d->cfg.once) {
         /* Nothing to do for it: tell it so rather than leave it waiting. */
         omv_msg_t s = {.type = OMV_MSG_STOP};
@@ -196,6 +227,24 @@ void omv_messages_drain(omv_daemon_t *d)
     }
 }
 
+/* A trainer that only sends heartbeats holds its group's step for good: one of a running job
+ * that has pushed nothing for the job's progress_timeout_s, since it joined or the job started
+ * and while no pull of its waits for another group, is given up as a silent one is. */
+static int stalled(const omv_run_t *r, const member_t *m, int64_t now, double *ret_s)
+{
+    if (r == NULL || r->state != JOB_RUNNING || m->state != MEMBER_ALIVE ||
+        m->role != OMV_ROLE_TRAINER || m->parked)
+        return 0;
+    /* Since it was last given work: a member served just now (as another's death completes
+     * its group's step) has had no time to push. */
+    int64_t since = m->last_push_ms > m->joined_ms ? m->last_push_ms : m->joined_ms;
+    since = m->served_ms > since ? m->served_ms : since;
+    int64_t start = (int64_t)(r->start_s * 1000.0);
+    since = since > start ? since : start;
+    *ret_s = (double)(now - since) / 1000.0;
+    return *ret_s > r->job.progress_timeout_s;
+}
+
 void omv_messages_expire(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
@@ -203,11 +252,18 @@ void omv_messages_expire(omv_daemon_t *d)
     int job_on = d->run && !OMV_JOB_OVER(d->run->state);
     for (uint32_t i = 0; i < d->members->n; i++) {
         member_t *m = &d->members->records[i];
-        if (!((m->state == MEMBER_ALIVE && job_on) || m->state == MEMBER_IDLE) ||
-            now - m->last_seen_ms <= timeout)
+        double idle_s = 0;
+        if (stalled(d->run, m, now, &idle_s)) {
+            omv_log_warn("worker %u (\"%s\" pid %u) pushed no gradient for %.1f s (heartbeats "
+                         "alone hold no place): declared dead",
+                         i + 1, m->host, m->pid, idle_s);
+        } else if (!((m->state == MEMBER_ALIVE && job_on) || m->state == MEMBER_IDLE) ||
+                   now - m->last_seen_ms <= timeout) {
             continue;
-        omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1, m->host,
-                     m->pid, (double)(now - m->last_seen_ms) / 1000.0);
+        } else {
+            omv_log_warn("worker %u (\"%s\" pid %u) silent for %.1f s: declared dead", i + 1,
+                         m->host, m->pid, (double)(now - m->last_seen_ms) / 1000.0);
+        }
         d->members->deaths_total++;
         if (d->run)
             omv_run_member_gone(d->run, m, MEMBER_DEAD);

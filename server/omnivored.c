@@ -44,6 +44,7 @@ static void usage(FILE *out)
             "      --once             run the --job only: refuse submissions, and tell the\n"
             "                         workers to exit when it ends (omnivorectl run uses it)\n"
             "  -d, --state-dir DIR    state folder (checkpoints under DIR/checkpoints/JOB)\n"
+            "      --curve yes|no|auto  CURVE on the worker endpoint ([security] curve)\n"
             "  -w, --workers N        override the job's [cluster] workers\n"
             "      --set S.K=V        override any job key, e.g. --set train.learning_rate=0.05\n"
             "  -l, --log-level LEVEL  error, warn, info or debug\n"
@@ -71,6 +72,7 @@ static const struct option opts[] = {
     {"version", no_argument, NULL, 'V'},
     {"state-dir", required_argument, NULL, 'd'},
     {"once", no_argument, NULL, 'O'},
+    {"curve", required_argument, NULL, 'C'},
     {NULL, 0, NULL, 0},
 };
 #define SHORT_OPTS "c:e:s:j:w:l:d:hVO"
@@ -119,8 +121,10 @@ static int read_flags(int argc, char **argv, omv_daemon_config_t *cfg, cli_t *cl
                           : c == 'l' ? "log_level"
                           : c == 'd' ? "state_dir"
                                      : NULL;
-        if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, cfg, "daemon", key,
-                                  optarg, err) < 0) {
+        if (c == 'C')
+            key = "curve";
+        if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, cfg,
+                                  c == 'C' ? "security" : "daemon", key, optarg, err) < 0) {
             omv_log_fatal("%s", err);
             return 2;
         }

@@ -12,6 +12,16 @@ void omv_refusals_init(omv_refusals_t *self, omv_router_t *router)
     *self = (omv_refusals_t){.router = router};
 }
 
+void omv_refusals_count(omv_refusals_t *self, omv_refuse_t code, const char *who,
+                        const char *reason)
+{
+    uint64_t n = ++self->counts[code];
+    if (n <= REFUSALS_LOGGED)
+        omv_log_warn("refused %s from %s: %s%s", omv_refuse_name(code), who, reason,
+                     n == REFUSALS_LOGGED ? " (further refusals of this kind are only counted)"
+                                          : "");
+}
+
 void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t code,
                       const char *who, const char *reason)
 {
@@ -22,7 +32,10 @@ void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t
                                           : "");
     omv_msg_t e;
     omv_wire_error(&e, code, "%s", reason);
-    omv_router_send(self->router, peer, &e, NULL);
+    /* A peer that floods without reading fills its queue (OMV_ROUTER_HWM): its answers are then
+     * dropped and counted, and cost nothing more. */
+    if (omv_router_send(self->router, peer, &e, NULL) < 0)
+        self->unanswered++;
 }
 
 uint64_t omv_refusals_total(const omv_refusals_t *self)

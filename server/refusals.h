@@ -10,6 +10,7 @@
 typedef struct {
     omv_router_t *router;               /* borrowed: where the answers go */
     uint64_t counts[OMV_REFUSE_COUNT_]; /* by reason */
+    uint64_t unanswered;                /* answers dropped: the peer was gone or not reading */
 } omv_refusals_t;
 
 /* Starts counting from zero; answers go out through router (borrowed). */
@@ -19,6 +20,10 @@ void omv_refusals_init(omv_refusals_t *self, omv_router_t *router);
  * and counts it. who names the peer in the log (quoted by the caller where it came from one). */
 void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t code,
                       const char *who, const char *reason);
+
+/* Logs and counts a refusal that cannot be answered (a handshake, before any message). */
+void omv_refusals_count(omv_refusals_t *self, omv_refuse_t code, const char *who,
+                        const char *reason);
 
 /* Every refusal so far, all reasons together. */
 uint64_t omv_refusals_total(const omv_refusals_t *self);

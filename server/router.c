@@ -8,7 +8,11 @@
 #include <string.h>
 #include <zmq.h>
 
-#define MAX_FDS 8
+#include "util.h"
+
+#define MAX_FDS 64
+
+static void drain(void *sock);
 
 _Static_assert(sizeof(zmq_msg_t) <= sizeof(omv_payload_t), "omv_payload_t is too small");
 
@@ -19,14 +23,102 @@ struct omv_pipe {
 struct omv_router {
     void *ctx;
     void *sock;
+    void *zap;     /* REP for ZAP requests (CURVE only) */
+    void *monitor; /* PAIR: the router's failed handshakes (CURVE only) */
+    uint64_t handshakes_failed;
+    omv_router_curve_t curve;
     zmq_msg_t payload;
     int has_payload;
     uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
     omv_pipe_t *pipes[OMV_PIPE_MAX]; /* loop ends, polled with the router */
     int n_pipes, pipes_made;
+    int64_t max_message_bytes;
 };
 
-omv_router_t *omv_router_new(const char *endpoint)
+int omv_router_keypair(char *ret_public, char *ret_secret)
+{
+    if (!zmq_has("curve"))
+        return -ENOTSUP;
+    return zmq_curve_keypair(ret_public, ret_secret) == 0 ? 0 : -errno;
+}
+
+/* The ZAP handler's socket (RFC 27), in the router's context, and CURVE as the server. */
+static int setup_curve(omv_router_t *self, const omv_router_curve_t *curve)
+{
+    if (!zmq_has("curve"))
+        return -ENOTSUP;
+    self->curve = *curve;
+    self->zap = zmq_socket(self->ctx, ZMQ_REP);
+    int linger = 0, server = 1;
+    if (self->zap == NULL)
+        return -errno;
+    zmq_setsockopt(self->zap, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_bind(self->zap, "inproc://zeromq.zap.01") != 0 ||
+        zmq_setsockopt(self->sock, ZMQ_CURVE_SERVER, &server, sizeof(server)) != 0 ||
+        zmq_setsockopt(self->sock, ZMQ_CURVE_SECRETKEY, curve->secret_key, 41) != 0)
+        return -errno;
+    /* Peers without CURVE, or that speak nonsense, fail before ZAP is asked: counted here
+     * (refused keys are counted by the one who refuses them). */
+    if (zmq_socket_monitor(self->sock, "inproc://omv-router-monitor",
+                           ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0)
+        return -errno;
+    self->monitor = zmq_socket(self->ctx, ZMQ_PAIR);
+    if (self->monitor == NULL)
+        return -errno;
+    zmq_setsockopt(self->monitor, ZMQ_LINGER, &linger, sizeof(linger));
+    if (zmq_connect(self->monitor, "inproc://omv-router-monitor") != 0)
+        return -errno;
+    return 0;
+}
+
+static void read_monitor(omv_router_t *self)
+{
+    uint8_t ev[6];
+    while (zmq_recv(self->monitor, ev, sizeof(ev), ZMQ_DONTWAIT) >= 0) {
+        drain(self->monitor);
+        self->handshakes_failed++;
+    }
+}
+
+uint64_t omv_router_handshakes_failed(const omv_router_t *self)
+{
+    return self->handshakes_failed;
+}
+
+/* Answers one ZAP request: 200 for a key the daemon admits (its Z85 form becomes the
+ * connection's User-Id), 400 for the rest. */
+static void serve_zap(omv_router_t *self)
+{
+    char frames[7][64];
+    size_t lens[7] = {0};
+    int n = 0;
+    for (int more = 1; more && n < 7; n++) {
+        int got = zmq_recv(self->zap, frames[n], sizeof(frames[n]) - 1, ZMQ_DONTWAIT);
+        if (got < 0)
+            return;
+        lens[n] = (size_t)got > sizeof(frames[n]) - 1 ? sizeof(frames[n]) - 1 : (size_t)got;
+        frames[n][lens[n]] = '\0';
+        more = 0;
+        size_t sz = sizeof(more);
+        zmq_getsockopt(self->zap, ZMQ_RCVMORE, &more, &sz);
+    }
+    drain(self->zap);
+    char key[41] = "";
+    int ok = n == 7 && strcmp(frames[5], "CURVE") == 0 && lens[6] == 32 &&
+             zmq_z85_encode(key, (const uint8_t *)frames[6], 32) != NULL &&
+             self->curve.auth(self->curve.ctx, key);
+    const char *status = ok ? "200" : "400", *text = ok ? "OK" : "key not admitted";
+    zmq_send(self->zap, "1.0", 3, ZMQ_SNDMORE);
+    zmq_send(self->zap, frames[1], n > 1 ? lens[1] : 0, ZMQ_SNDMORE);
+    zmq_send(self->zap, status, 3, ZMQ_SNDMORE);
+    zmq_send(self->zap, text, strlen(text), ZMQ_SNDMORE);
+    zmq_send(self->zap, ok ? key : "", ok ? strlen(key) : 0, ZMQ_SNDMORE);
+    zmq_send(self->zap, "", 0, 0);
+}
+
+omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes,
+                             const omv_router_curve_t *curve)
 {
     omv_router_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
@@ -37,18 +129,37 @@ omv_router_t *omv_router_new(const char *endpoint)
     self->sock = zmq_socket(self->ctx, ZMQ_ROUTER);
     if (self->sock == NULL)
         goto fail;
-    int linger = 1000, hwm = 0, mandatory = 1;
+    int linger = 1000, hwm = OMV_ROUTER_HWM, mandatory = 1;
     zmq_setsockopt(self->sock, ZMQ_LINGER, &linger, sizeof(linger));
+    /* Bounded queues per peer: a peer that never reads its answers loses them rather than
+     * growing the daemon without limit, and one that sends faster than the loop reads is slowed
+     * by its own socket. */
     zmq_setsockopt(self->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(self->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    /* A frame over the limit drops the connection before it is buffered (set before bind:
+     * libzmq copies the options into the listener). */
+    if (max_message_bytes > 0)
+        zmq_setsockopt(self->sock, ZMQ_MAXMSGSIZE, &max_message_bytes, sizeof(max_message_bytes));
+    self->max_message_bytes = max_message_bytes;
     /* Report sends to peers that are gone instead of dropping them silently. */
     zmq_setsockopt(self->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory));
+    if (curve != NULL) {
+        int r = setup_curve(self, curve);
+        if (r < 0) {
+            errno = -r;
+            goto fail;
+        }
+    }
     if (zmq_bind(self->sock, endpoint) != 0)
         goto fail;
     zmq_msg_init(&self->payload);
     return self;
 fail : {
     int e = errno;
+    if (self->monitor)
+        zmq_close(self->monitor);
+    if (self->zap)
+        zmq_close(self->zap);
     if (self->sock)
         zmq_close(self->sock);
     if (self->ctx)
@@ -57,6 +168,11 @@ fail : {
     errno = e;
     return NULL;
 }
+}
+
+int64_t omv_router_max_message(const omv_router_t *self)
+{
+    return self->max_message_bytes;
 }
 
 void omv_router_destroy(omv_router_t **self_p)
@@ -69,29 +185,50 @@ void omv_router_destroy(omv_router_t **self_p)
     for (int i = 0; i < self->n_pipes; i++)
         omv_pipe_destroy(&self->pipes[i]);
     zmq_msg_close(&self->payload);
+    if (self->monitor)
+        zmq_close(self->monitor);
+    if (self->zap)
+        zmq_close(self->zap);
     zmq_close(self->sock);
     zmq_ctx_term(self->ctx);
     free(self);
     *self_p = NULL;
 }
 
-int omv_router_poll(omv_router_t *self, const int *fds, int nfds, short *revents, int *ret_router,
+int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms)
 {
-    zmq_pollitem_t items[MAX_FDS + 1 + OMV_PIPE_MAX];
+    zmq_pollitem_t items[MAX_FDS + 3 + OMV_PIPE_MAX];
     if (nfds > MAX_FDS)
         return -EINVAL;
     items[0] = (zmq_pollitem_t){self->sock, 0, ZMQ_POLLIN, 0};
-    for (int i = 0; i < nfds; i++)
-        items[i + 1] = (zmq_pollitem_t){NULL, fds[i], ZMQ_POLLIN, 0};
+    for (int i = 0; i < nfds; i++) {
+        short ev = (short)(((fds[i].events & POLLIN) ? ZMQ_POLLIN : 0) |
+                           ((fds[i].events & POLLOUT) ? ZMQ_POLLOUT : 0));
+        items[i + 1] = (zmq_pollitem_t){NULL, fds[i].fd, ev, 0};
+    }
     for (int i = 0; i < self->n_pipes; i++)
         items[1 + nfds + i] = (zmq_pollitem_t){self->pipes[i]->sock, 0, ZMQ_POLLIN, 0};
-    int n = zmq_poll(items, 1 + nfds + self->n_pipes, timeout_ms);
+    int n_items = 1 + nfds + self->n_pipes;
+    if (self->zap)
+        items[n_items++] = (zmq_pollitem_t){self->zap, 0, ZMQ_POLLIN, 0};
+    if (self->monitor)
+        items[n_items++] = (zmq_pollitem_t){self->monitor, 0, ZMQ_POLLIN, 0};
+    int n = zmq_poll(items, n_items, timeout_ms);
     if (n < 0)
         return -errno;
+    /* Handshakes wait on the answer: given at once, before anything else. */
+    if (self->monitor && (items[n_items - 1].revents & ZMQ_POLLIN))
+        read_monitor(self);
+    if (self->zap && (items[n_items - 1 - (self->monitor != NULL)].revents & ZMQ_POLLIN))
+        serve_zap(self);
     *ret_router = (items[0].revents & ZMQ_POLLIN) != 0;
-    for (int i = 0; i < nfds; i++)
-        revents[i] = (items[i + 1].revents & ZMQ_POLLIN) ? POLLIN : 0;
+    for (int i = 0; i < nfds; i++) {
+        short re = items[i + 1].revents;
+        fds[i].revents =
+            (short)(((re & ZMQ_POLLIN) ? POLLIN : 0) | ((re & ZMQ_POLLOUT) ? POLLOUT : 0) |
+                    ((re & ZMQ_POLLERR) ? POLLERR : 0));
+    }
     int pipes = 0;
     for (int i = 0; i < self->n_pipes; i++)
         pipes |= (items[1 + nfds + i].revents & ZMQ_POLLIN) != 0;
@@ -118,6 +255,30 @@ static void drain(void *sock)
     }
 }
 
+/* Receives the envelope frame into buf (its whole length returned, even past buf); with CURVE,
+ * the key the connection was admitted with comes with it (ZAP's User-Id: the routing id frame,
+ * made here, carries none). */
+static int recv_envelope(omv_router_t *self, omv_peer_t *peer)
+{
+    if (self->zap == NULL) {
+        int len = zmq_recv(self->sock, self->buf, sizeof(self->buf), 0);
+        return len < 0 ? -errno : len;
+    }
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, self->sock, 0) < 0) {
+        int e = -errno;
+        zmq_msg_close(&m);
+        return e;
+    }
+    size_t len = zmq_msg_size(&m);
+    memcpy(self->buf, zmq_msg_data(&m), len < sizeof(self->buf) ? len : sizeof(self->buf));
+    const char *user = zmq_msg_gets(&m, "User-Id");
+    omv_strlcpy(peer->key, user ? user : "", sizeof(peer->key));
+    zmq_msg_close(&m);
+    return len > INT32_MAX ? INT32_MAX : (int)len;
+}
+
 int omv_router_recv(omv_router_t *self, omv_peer_t *ret_peer, omv_msg_t *ret, char *why)
 {
     self->has_payload = 0;
@@ -125,13 +286,14 @@ int omv_router_recv(omv_router_t *self, omv_peer_t *ret_peer, omv_msg_t *ret, ch
     if (n < 0)
         return -errno;
     ret_peer->len = (size_t)n > sizeof(ret_peer->id) ? sizeof(ret_peer->id) : (size_t)n;
+    ret_peer->key[0] = '\0';
     if (!more(self->sock)) {
         snprintf(why, OMV_WIRE_REASON_MAX, "empty message");
         return -EPROTO;
     }
-    int len = zmq_recv(self->sock, self->buf, sizeof(self->buf), 0);
+    int len = recv_envelope(self, ret_peer);
     if (len < 0)
-        return -errno;
+        return len;
     if ((size_t)len > sizeof(self->buf)) {
         drain(self->sock);
         snprintf(why, OMV_WIRE_REASON_MAX, "envelope of %d bytes is over the %zu-byte limit", len,

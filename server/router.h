@@ -2,6 +2,7 @@
  * daemon side). Each message comes with the peer that sent it, so replies go to that peer. */
 #pragma once
 
+#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -10,20 +11,49 @@
 typedef struct {
     uint8_t id[256];
     size_t len;
+    char key[41]; /* the Z85 public key it connected with (CURVE); "" without */
 } omv_peer_t;
 
 typedef struct omv_router omv_router_t;
 
-/* Binds endpoint (tcp://0.0.0.0:5555 or ipc:///run/omnivore/workers.sock). Returns NULL with
- * errno set. */
-omv_router_t *omv_router_new(const char *endpoint);
+/* Messages queued per peer each way before sends to it fail with -EAGAIN (answers to a peer
+ * that does not read are dropped) and its own sends wait. */
+#define OMV_ROUTER_HWM 4096
+
+/* Asked once per connection that completes a CURVE handshake, with the client's Z85 public key:
+ * returns whether it may connect (its messages then carry the key). */
+typedef int (*omv_router_auth_fn)(void *ctx, const char *public_key);
+
+/* CURVE on the endpoint: the daemon's secret key (Z85) and who decides on clients. */
+typedef struct {
+    const char *secret_key;
+    omv_router_auth_fn auth;
+    void *ctx;
+} omv_router_curve_t;
+
+/* Binds endpoint (tcp://0.0.0.0:5555 or ipc:///run/omnivore/workers.sock); a peer sending a
+ * frame over max_message_bytes (0: no limit) is disconnected before the frame is buffered.
+ * With curve (may be NULL: plain), only clients that complete a CURVE handshake with a key
+ * curve->auth admits may connect (a ZAP handler on the loop's thread, served by
+ * omv_router_poll). Returns NULL with errno set. */
+omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes,
+                             const omv_router_curve_t *curve);
+
+/* Makes a CURVE key pair, Z85 (41 bytes each with the NUL). Returns 0 or a negative errno
+ * (-ENOTSUP: libzmq was built without CURVE). */
+int omv_router_keypair(char *ret_public, char *ret_secret);
+/* Connections that failed their CURVE handshake before ZAP was asked (no CURVE, bad bytes). */
+uint64_t omv_router_handshakes_failed(const omv_router_t *self);
+
+/* The frame limit it was made with (0: none). */
+int64_t omv_router_max_message(const omv_router_t *self);
 void omv_router_destroy(omv_router_t **self_p);
 
 /* Waits up to timeout_ms for a message on the router, on any loop end of the pipes made with
- * omv_router_pipe, or input on any of fds[nfds]; revents[i] gets POLLIN for ready fds,
- * *ret_router whether the router has messages, *ret_pipes whether a pipe has. Returns >= 0 or
- * a negative errno (-EINTR on a signal). */
-int omv_router_poll(omv_router_t *self, const int *fds, int nfds, short *revents, int *ret_router,
+ * omv_router_pipe, or what fds[nfds] (at most 64) ask for (POLLIN, POLLOUT; their revents are
+ * set); *ret_router says whether the router has messages, *ret_pipes whether a pipe has.
+ * Returns >= 0 or a negative errno (-EINTR on a signal). */
+int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms);
 
 /* Receives one message without waiting. Returns 0, -EAGAIN when none is queued, or -EPROTO for a

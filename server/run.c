@@ -215,6 +215,7 @@ void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
     omv_log_info("eval: epoch %.2f test_accuracy %.4f test_loss %.4f (%u images)", ev->epoch, acc,
                  e->loss, e->total);
     if (r->state == JOB_FINISHING) {
+        r->final_eval = ev->final_sent;
         if (ev->final_sent)
             omv_run_finish(r, JOB_DONE, "job done");
         else
@@ -224,6 +225,7 @@ void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
         omv_log_info("test accuracy %.4f reached [job] stop_at_accuracy = %g after %.1f s", acc,
                      r->job.stop_at_accuracy, ev->wall_s);
         r->train_end_s = omv_time_s();
+        r->final_eval = 1;
         omv_run_finish(r, JOB_DONE, "reached stop_at_accuracy");
     } else if (ev->wanted) {
         request_eval(r);
@@ -498,6 +500,7 @@ static void begin_serve(omv_run_t *r, member_t *m, uint32_t group, uint64_t step
     }
     m->served = 1;
     m->served_step = step;
+    m->served_ms = omv_time_ms();
     m->batch = member_batch(r, m, group, step);
     m->weight = push_weight(r, m, group);
 }
@@ -683,6 +686,7 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
     if (!push_fits(r, m, p, who))
         return;
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    m->last_push_ms = omv_time_ms();
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
      * back as a refusal and stays out of the sum. The step goes on either way. */
     omv_payload_t payload, *pl = &payload;
@@ -698,7 +702,9 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .solo = omv_groups_live(r->groups, group) == 1,
                            .wire = p->wire,
                            .weight = m->weight,
-                           .shm_src = p->wire == OMV_WIRE_SHM ? m->shm_grads : NULL};
+                           .shm_src = p->wire == OMV_WIRE_SHM ? m->shm_grads : NULL,
+                           .norm_bound = (float)r->job.gradient_norm_bound,
+                           .norm_warmup = (uint32_t)r->job.gradient_norm_warmup};
     omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, pl);
     if (p->shard == 0)
         count_step(r, m, group, p);
@@ -734,7 +740,7 @@ static void log_end(omv_run_t *r, job_state_t state, const char *why)
     if (state == JOB_DONE) {
         double train_s = omv_run_train_seconds(r);
         omv_log_info("job '%s' done: test_accuracy %.4f, %.2f epochs, %.1f s, %.0f images/s",
-                     r->job.name, omv_eval_last_accuracy(&r->eval), omv_run_epoch(r),
+                     r->job.name, omv_run_result_accuracy(r), omv_run_epoch(r),
                      omv_run_wall_seconds(r),
                      train_s > 0 ? (double)r->images_total / train_s : 0.0);
         return;
@@ -766,7 +772,14 @@ void omv_run_finish(omv_run_t *r, job_state_t state, const char *why)
     }
     log_end(r, state, why);
     if (state == JOB_DONE && r->ckpt.enabled)
-        write_checkpoint(r);
+        r->final_ckpt = write_checkpoint(r) < 0 ? -1 : 1;
+}
+
+double omv_run_result_accuracy(const omv_run_t *r)
+{
+    if (r->state == JOB_DONE && !r->final_eval)
+        return NAN;
+    return omv_eval_last_accuracy(&r->eval);
 }
 
 /* Training reached its images: the final evaluation, then done. */
@@ -1036,6 +1049,28 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
     return 0;
 }
 
+int64_t omv_run_message_bytes(const omv_job_t *job)
+{
+    omv_model_layout_t layout;
+    char err[OMV_CONFIG_ERR_MAX];
+    if (omv_model_parse(&layout, job->model_text, job->model_name, err) < 0)
+        return -EINVAL;
+    return (int64_t)layout.param_count * (int64_t)sizeof(float) + OMV_WIRE_MAX_ENVELOPE;
+}
+
+/* A job whose gradients would be cut off by the worker endpoint's frame limit cannot train. */
+static int check_message_limit(const omv_run_t *r)
+{
+    int64_t limit = omv_router_max_message(r->env.router);
+    int64_t need = (int64_t)r->layout.param_count * (int64_t)sizeof(float) + OMV_WIRE_MAX_ENVELOPE;
+    if (limit <= 0 || need <= limit)
+        return 0;
+    omv_log_error("job '%s': its model's messages (%lld bytes) are over the worker endpoint's "
+                  "limit of %lld bytes: raise [security] max_message_bytes and restart omnivored",
+                  r->job.name, (long long)need, (long long)limit);
+    return -EMSGSIZE;
+}
+
 static void log_model(const omv_run_t *r)
 {
     char table[4096];
@@ -1065,6 +1100,9 @@ static int resume(omv_run_t *r, const omv_checkpoint_t *c)
             break;
     omv_tuner_load(r->tuner, &c->opt);
     if (c->finished) {
+        /* Its final checkpoint, written after its final evaluation (if it had one). */
+        r->final_eval = c->n_history > 0;
+        r->final_ckpt = 1;
         r->state = JOB_DONE;
         r->start_s = r->end_s = r->train_end_s = omv_time_s();
     }
@@ -1102,6 +1140,9 @@ static int setup_model(omv_run_t *r)
         omv_log_error("%s", err);
         return -EINVAL;
     }
+    e = check_message_limit(r);
+    if (e < 0)
+        return e;
     r->target_images = (uint64_t)r->train_count * (uint64_t)j->epochs;
     log_model(r);
     /* Room for workers that join beyond the planned ones, and for replacements; and for as
@@ -1153,7 +1194,9 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
     e = setup_model(r);
     if (e < 0)
         goto fail;
-    omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir);
+    e = omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir, r->env.checkpoint_root);
+    if (e < 0)
+        goto fail;
     if (job->optimizer) {
         /* Its decisions file goes beside the checkpoints. */
         r->tuner = omv_tuner_new(job, r->ckpt.enabled ? r->ckpt.dir : NULL);

@@ -38,8 +38,9 @@ typedef struct {
     omv_router_t *router;
     omv_members_t *members;
     omv_refusals_t *refusals;
-    const char *state_dir; /* checkpoints go under it unless the job says */
-    int once;              /* the workers exit when the job ends (omnivored --once) */
+    const char *state_dir;       /* checkpoints go under it unless the job says */
+    const char *checkpoint_root; /* another folder a job's checkpoints may go to ("": none) */
+    int once;                    /* the workers exit when the job ends (omnivored --once) */
 } omv_run_env_t;
 
 /* How a requested stop ends, once a checkpoint of whole steps is written (or too late). */
@@ -97,6 +98,10 @@ typedef struct {
     double stop_deadline_s;
     int exit_ready; /* OMV_RUN_STOP_EXIT: the last checkpoint is written (or given up on) */
     int recorded;   /* its end is in the finished jobs */
+    /* How a done job ended: with an evaluation of its final model (the final request answered,
+     * or the one that reached stop_at_accuracy), and its final checkpoint 1 written, -1 failed,
+     * 0 not tried (checkpoints off). */
+    int final_eval, final_ckpt;
 } omv_run_t;
 
 /* Checks what a run would check without making one: the data set's shape against the model,
@@ -105,6 +110,14 @@ typedef struct {
  * reason in err[OMV_CONFIG_ERR_MAX]. */
 int omv_run_check_job(const omv_job_t *job, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
                       char *err);
+
+/* The largest frame a worker of job sends (a whole model's gradient and an envelope), or
+ * -EINVAL when its model does not parse. */
+int64_t omv_run_message_bytes(const omv_job_t *job);
+
+/* The job's test accuracy as its result: the last evaluation, but NaN for a done job whose
+ * final model was never evaluated (an older value is no result). */
+double omv_run_result_accuracy(const omv_run_t *r);
 
 /* Makes the run of job (copied; path names it in logs, text is copied for checkpoints): model,
  * shards and their executors, groups, checkpoints, resuming from the newest. Returns NULL with

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +15,47 @@
 #include "strbuf.h"
 #include "util.h"
 
+/* Whether path names a folder inside root (lexically, and after following the links of the part
+ * that exists already), so that neither ".." nor a link leads a job's checkpoints out. */
+static int inside(const char *path, const char *root)
+{
+    size_t n = strlen(root);
+    while (n > 1 && root[n - 1] == '/')
+        n--;
+    if (n == 0 || strncmp(path, root, n) != 0 || (path[n] != '/' && path[n] != '\0'))
+        return 0;
+    char real_root[PATH_MAX], probe[PATH_MAX], real[PATH_MAX];
+    if (realpath(root, real_root) == NULL)
+        return 1; /* made below, by us: nothing in it can lead out yet */
+    if (omv_strlcpy(probe, path, sizeof(probe)) < 0)
+        return 0;
+    /* The deepest folder of path that exists, resolved. */
+    while (realpath(probe, real) == NULL) {
+        char *slash = strrchr(probe, '/');
+        if (slash == NULL || slash == probe)
+            return 0;
+        *slash = '\0';
+    }
+    size_t m = strlen(real_root);
+    return strncmp(real, real_root, m) == 0 && (real[m] == '/' || real[m] == '\0' || m == 1);
+}
+
+static int has_dotdot(const char *path)
+{
+    for (const char *p = path; (p = strstr(p, "..")) != NULL; p += 2)
+        if ((p == path || p[-1] == '/') && (p[2] == '/' || p[2] == '\0'))
+            return 1;
+    return 0;
+}
+
 void omv_run_ckpt_dir(const omv_job_t *job, const char *state_dir, char *out, size_t cap)
 {
+    const char *d = job->checkpoint_dir;
     out[0] = '\0';
-    if (job->checkpoint_dir[0])
-        omv_strlcpy(out, job->checkpoint_dir, cap);
+    if (d[0] == '/')
+        omv_strlcpy(out, d, cap);
+    else if (d[0] && state_dir[0])
+        snprintf(out, cap, "%s/%s", state_dir, d);
     else if (state_dir[0])
         snprintf(out, cap, "%s/checkpoints/%s", state_dir, job->name);
 }
@@ -49,17 +86,48 @@ int omv_run_ckpt_check_dir(const char *dir, char *why, size_t cap)
     return r;
 }
 
-void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir)
+int omv_run_ckpt_confined(const char *dir, const char *state_dir, const char *root, char *why,
+                          size_t cap)
+{
+    root = root ? root : "";
+    if (!has_dotdot(dir) &&
+        ((state_dir[0] && inside(dir, state_dir)) || (root[0] && inside(dir, root))))
+        return 0;
+    snprintf(why, cap,
+             "checkpoint folder '%s' is outside the state folder '%s'%s%s%s (a job may not write "
+             "elsewhere; the daemon's [security] checkpoint_root allows another folder)",
+             dir, state_dir, root[0] ? " and '" : "", root, root[0] ? "'" : "");
+    return -EPERM;
+}
+
+/* The folder for the job's checkpoints (omv_run_ckpt_dir); it must lie in the state folder or
+ * in root (may be ""). */
+static int choose_dir(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir,
+                      const char *root)
+{
+    omv_run_ckpt_dir(job, state_dir, self->dir, sizeof(self->dir));
+    char why[1024];
+    if (self->dir[0] == '\0' ||
+        omv_run_ckpt_confined(self->dir, state_dir, root, why, sizeof(why)) == 0)
+        return 0;
+    omv_log_error("job '%s': %s: refused", job->name, why);
+    self->dir[0] = '\0';
+    return -EPERM;
+}
+
+int omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir,
+                      const char *root)
 {
     memset(self, 0, sizeof(*self));
-    omv_run_ckpt_dir(job, state_dir, self->dir, sizeof(self->dir));
-    if (self->dir[0] == '\0')
-        return;
+    int r = choose_dir(self, job, state_dir, root ? root : "");
+    if (r < 0 || self->dir[0] == '\0')
+        return r;
     char why[1024];
     if (omv_run_ckpt_check_dir(self->dir, why, sizeof(why)) < 0)
         omv_log_error("checkpoints are off for job '%s': %s", job->name, why);
     else
         self->enabled = 1;
+    return 0;
 }
 
 static char *members_text(const omv_members_t *members, const omv_groups_t *groups)
@@ -128,9 +196,11 @@ int omv_run_ckpt_write(omv_run_ckpt_t *self, const omv_run_ckpt_view_t *view)
     self->last_step = step == UINT64_MAX ? 0 : step;
     if (r < 0) {
         self->failed_total++;
+        omv_strlcpy(self->last_error, err, sizeof(self->last_error));
         omv_log_error("checkpoint %" PRIu64 " failed: %s", c.seq, err);
     } else {
         self->written_total++;
+        self->last_error[0] = '\0';
         self->last_ms = (omv_time_s() - t0) * 1000.0;
         int removed = omv_checkpoint_prune(self->dir, (unsigned)view->job->checkpoint_keep);
         omv_log_info("checkpoint %s written in %.0f ms (epoch %.2f, %" PRIu64 " images)%s",

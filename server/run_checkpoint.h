@@ -26,7 +26,8 @@ typedef struct {
     char resumed_from[OMV_JOB_PATH_MAX + 64];
     double resumed_epoch; /* where the job stood in it */
     uint64_t written_total, failed_total;
-    double last_ms; /* how long the last write took */
+    double last_ms;                          /* how long the last write took */
+    char last_error[OMV_CHECKPOINT_ERR_MAX]; /* why the last write failed; "" after a success */
 } omv_run_ckpt_t;
 
 /* What a checkpoint is written from: the run fills it, borrowing everything. */
@@ -45,9 +46,14 @@ typedef struct {
     const omv_tuner_t *tuner; /* may be NULL */
 } omv_run_ckpt_view_t;
 
-/* Where a job's checkpoints go: [checkpoint] dir, else STATE_DIR/checkpoints/NAME; "" without
- * either. Writes out[cap]. */
+/* Where a job's checkpoints go: [checkpoint] dir (relative: to state_dir), else
+ * STATE_DIR/checkpoints/NAME; "" without either. Writes out[cap]. */
 void omv_run_ckpt_dir(const omv_job_t *job, const char *state_dir, char *out, size_t cap);
+
+/* Whether dir lies in state_dir or in root (may be NULL or ""), lexically and through the
+ * links that exist already, with no "..": 0, or -EPERM with why[cap] naming both. */
+int omv_run_ckpt_confined(const char *dir, const char *state_dir, const char *root, char *why,
+                          size_t cap);
 
 /* Creates dir as needed and checks that the daemon may write files in it (a folder that exists
  * but lies on a read-only mount, as ProtectSystem=strict makes everything outside the state
@@ -56,9 +62,12 @@ void omv_run_ckpt_dir(const omv_job_t *job, const char *state_dir, char *out, si
 int omv_run_ckpt_check_dir(const char *dir, char *why, size_t cap);
 
 /* Sets where the job's checkpoints go (omv_run_ckpt_dir) and checks the folder
- * (omv_run_ckpt_check_dir); one the daemon cannot write turns checkpoints off, with an error
- * that says what to change. */
-void omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir);
+ * (omv_run_ckpt_check_dir): one the daemon cannot write turns checkpoints off, with an error
+ * that says what to change. Returns 0, or -EPERM (logged, naming the path) for a folder outside
+ * state_dir and outside root (may be NULL or "": no other root), through ".." or a link: the
+ * job must not run. */
+int omv_run_ckpt_init(omv_run_ckpt_t *self, const omv_job_t *job, const char *state_dir,
+                      const char *root);
 
 /* Writes a checkpoint from view now, prunes older ones, and clears due. Returns 0 or a negative
  * errno (logged, counted). */

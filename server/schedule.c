@@ -13,7 +13,8 @@
 int omv_schedule_load(omv_daemon_t *d, omv_queued_job_t *q, int submitted)
 {
     omv_run_destroy(&d->run);
-    omv_run_env_t env = {d->router, d->members, &d->refusals, d->cfg.state_dir, d->cfg.once};
+    omv_run_env_t env = {
+        d->router, d->members, &d->refusals, d->cfg.state_dir, d->cfg.checkpoint_root, d->cfg.once};
     d->run = omv_run_new(&env, q->job, q->path, q->text, q->id);
     int r = d->run ? 0 : -errno;
     if (r == 0) {
@@ -32,7 +33,7 @@ static void record(omv_jobs_t *jobs, const omv_run_t *run)
     omv_finished_job_t f = {
         .id = run->id,
         .state = run->state,
-        .accuracy = omv_eval_last_accuracy(&run->eval),
+        .accuracy = omv_run_result_accuracy(run),
         .epochs = omv_run_epoch(run),
         .wall_s = omv_run_wall_seconds(run),
         .end_s = omv_time_s(),

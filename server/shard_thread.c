@@ -3,6 +3,7 @@
 #include "shard_thread.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -51,7 +52,10 @@ struct omv_shard_thread {
     uint64_t version;  /* updates applied */
     snapshot_t snaps[MAX_SNAPSHOTS];
     int n_snaps;
-    float *scratch; /* [count] for a gradient whose bytes are not float-aligned */
+    float *scratch;         /* [count] for a gradient whose bytes are not float-aligned */
+    double norm_peak;       /* the largest gradient norm accepted lately (decays slowly) */
+    uint64_t norms_learned; /* nonzero norms that went into it */
+    float last_norm;        /* of the gradient refused last, for the reply */
     atomic_uint_fast64_t snapshots_made, serves;
     /* Pulls answered with a copy of their own, and those copies freed by release_copy (on
      * whichever thread closes the last message that holds one). */
@@ -112,8 +116,9 @@ static void reply(omv_shard_thread_t *self, uint32_t type, const omv_shard_cmd_t
                   const void *peer, size_t peer_len, const void *env, size_t env_len,
                   omv_payload_t *payload)
 {
-    omv_shard_reply_t rep = {type,           self->index, cmd->group,
-                             cmd->worker_id, cmd->step,   (uint32_t)peer_len};
+    omv_shard_reply_t rep = {
+        type,      self->index,        cmd->group,      cmd->worker_id,
+        cmd->step, (uint32_t)peer_len, self->last_norm, (float)self->norm_peak};
     if (peer_len)
         memcpy(self->extra, peer, peer_len);
     if (env_len)
@@ -175,6 +180,51 @@ static const float *as_weighted_f32(omv_shard_thread_t *self, const omv_shard_cm
     return grad;
 }
 
+/* Each accepted gradient's norm counts for this much less per accepted gradient after it: a
+ * peak halves over about 7000 of them. */
+#define NORM_PEAK_DECAY 0.9999
+
+/* Whether a finite gradient's norm is within the bound of the largest the shard has accepted
+ * lately. A peak rather than a mean: near convergence typical gradients shrink by orders of
+ * magnitude and one hard example is a hundred times the mean, which is training, not an
+ * attack; what ruins a model is far beyond anything the job ever sent. Zero gradients teach
+ * nothing and are not counted. */
+static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const float *grad,
+                     const void *g16)
+{
+    if (cmd->norm_bound <= 0.0f)
+        return 1;
+    uint32_t n = self->shard->count;
+    float norm = sqrtf(g16 ? omv_bf16_sum_squares(g16, n) : omv_sum_squares(grad, n));
+    if (self->norms_learned >= cmd->norm_warmup &&
+        !((double)norm <= (double)cmd->norm_bound * self->norm_peak)) {
+        self->last_norm = norm;
+        return 0;
+    }
+    if (norm > 0.0f) {
+        self->norm_peak *= NORM_PEAK_DECAY;
+        if ((double)norm > self->norm_peak)
+            self->norm_peak = (double)norm;
+        self->norms_learned++;
+    }
+    return 1;
+}
+
+/* Adds a gradient (grad, or g16 as bf16) that is finite and within the norm bound; refuses
+ * the others, with a reply that names why. */
+static void check_and_add(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
+                          size_t peer_len, const float *grad, const void *g16)
+{
+    omv_shard_t *sh = self->shard;
+    int finite = g16 ? omv_bf16_all_finite(g16, sh->count) : omv_all_finite(grad, sh->count);
+    if (!finite)
+        reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
+    else if (!norm_fits(self, cmd, grad, g16))
+        reply(self, OMV_SHARD_REPLY_NORM, cmd, peer, peer_len, NULL, 0, NULL);
+    else
+        add_gradient(self, cmd, grad, g16);
+}
+
 static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                     size_t peer_len, omv_payload_t *payload)
 {
@@ -192,31 +242,25 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
      * become fp32 first. */
     int direct = cmd->wire == OMV_WIRE_BF16 && (cmd->weight == 0.0f || cmd->weight == 1.0f);
     const float *grad = direct ? NULL : as_weighted_f32(self, cmd, data, len);
-    int finite = direct ? omv_bf16_all_finite(data, sh->count) : omv_all_finite(grad, sh->count);
-    if (finite)
-        add_gradient(self, cmd, grad, direct ? data : NULL);
-    else
-        reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
+    check_and_add(self, cmd, peer, peer_len, grad, direct ? data : NULL);
     omv_payload_close(payload);
 }
 
-/* A gradient in the worker's shared segment: checked and added from there, no copy (but when
- * weighted). The worker writes it again only after it has the next step's parameters, which
- * come after this is done (commands to a shard run in order). */
+/* A gradient in the worker's shared segment. A worker writes it again only after it has the
+ * next step's parameters, which come after this is done (commands to a shard run in order); one
+ * that writes it sooner could change it between the checks and the sum, so the shard copies it
+ * first (one copy of its part, against the socket's three). */
 static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                         size_t peer_len)
 {
     omv_shard_t *sh = self->shard;
     if (cmd->shm_src == NULL || cmd->group >= sh->n_groups)
         return;
+    memcpy(self->scratch, cmd->shm_src + sh->offset, sh->count * sizeof(float));
     omv_shard_cmd_t fp32 = *cmd;
     fp32.wire = OMV_WIRE_FP32;
-    const float *grad =
-        as_weighted_f32(self, &fp32, cmd->shm_src + sh->offset, sh->count * sizeof(float));
-    if (omv_all_finite(grad, sh->count))
-        add_gradient(self, cmd, grad, NULL);
-    else
-        reply(self, OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len, NULL, 0, NULL);
+    const float *grad = as_weighted_f32(self, &fp32, self->scratch, sh->count * sizeof(float));
+    check_and_add(self, cmd, peer, peer_len, grad, NULL);
 }
 
 /* Parameters into the worker's shared segment; only the envelope goes out. */

@@ -37,13 +37,16 @@ typedef struct {
     float weight;                             /* PUSH: what the gradient counts for in its
                                                * group's mean (0 or 1: as it is) */
     omv_sgd_t sgd;                            /* APPLY; PUSH with solo */
-    uint32_t solo;                            /* PUSH: the group has this one member, so its
-                                               * gradient is applied at once (the APPLY that
-                                               * follows finds nothing left to do) */
-    float *params_dst, *velocity_dst;         /* GATHER: whole-model arrays (velocity may be
-                                               * NULL); the shard writes its range */
-    const float *params_src, *velocity_src;   /* RESTORE: whole-model arrays it reads its
-                                               * range from */
+    float norm_bound;     /* PUSH: refuse a gradient whose norm is over this x the shard's
+                           * running norm (0: no bound) */
+    uint32_t norm_warmup; /* PUSH: gradients the shard accepts first, to learn its norm */
+    uint32_t solo;        /* PUSH: the group has this one member, so its
+                           * gradient is applied at once (the APPLY that
+                           * follows finds nothing left to do) */
+    float *params_dst, *velocity_dst;       /* GATHER: whole-model arrays (velocity may be
+                                             * NULL); the shard writes its range */
+    const float *params_src, *velocity_src; /* RESTORE: whole-model arrays it reads its
+                                             * range from */
     float *shm_dst;       /* SERVE with wire OMV_WIRE_SHM: the worker's params segment (whole
                            * model), where the shard writes its range */
     const float *shm_src; /* PUSH with wire OMV_WIRE_SHM: the worker's grads segment */
@@ -54,6 +57,7 @@ typedef enum {
     OMV_SHARD_REPLY_OUT = 1,    /* extra: peer bytes then an encoded envelope; payload: params */
     OMV_SHARD_REPLY_NOT_FINITE, /* a gradient had NaN or Inf: dropped; extra: the peer */
     OMV_SHARD_REPLY_ACK,        /* GATHER or RESTORE is done */
+    OMV_SHARD_REPLY_NORM,       /* a gradient's norm was out of bounds: dropped; extra: peer */
 } omv_shard_reply_type_t;
 
 typedef struct {
@@ -62,7 +66,8 @@ typedef struct {
     uint32_t group;
     uint32_t worker_id;
     uint64_t step;
-    uint32_t peer_len; /* OUT, NOT_FINITE: how many bytes of extra are the peer's id */
+    uint32_t peer_len;   /* OUT, NOT_FINITE, NORM: how many bytes of extra are the peer's id */
+    float norm, typical; /* NORM: the gradient's norm, and the shard's running norm */
 } omv_shard_reply_t;
 
 /* Starts the thread for shard `index` and returns once the thread has signalled that it is in

@@ -144,6 +144,17 @@ static void on_not_finite(omv_shardset_t *self, const omv_shard_reply_t *rep,
     omv_refusals_add(self->refusals, peer, OMV_REFUSE_NOT_FINITE, who, why);
 }
 
+static void on_norm(omv_shardset_t *self, const omv_shard_reply_t *rep, const omv_peer_t *peer)
+{
+    char who[64], why[OMV_WIRE_REASON_MAX];
+    snprintf(who, sizeof(who), "worker %u", rep->worker_id);
+    snprintf(why, sizeof(why),
+             "gradient of step %llu shard %u has norm %g, far over the largest (%g) this shard "
+             "has accepted lately ([train] gradient_norm_bound); dropped, the model is unchanged",
+             (unsigned long long)rep->step, rep->shard, (double)rep->norm, (double)rep->typical);
+    omv_refusals_add(self->refusals, peer, OMV_REFUSE_NORM, who, why);
+}
+
 /* Handles one reply; OUT's payload is sent on (taken). Counts an acknowledgement in *acks. */
 static void on_reply(omv_shardset_t *self, const omv_shard_reply_t *rep, size_t extra_len,
                      omv_payload_t *payload, int has_payload, int *acks)
@@ -164,6 +175,9 @@ static void on_reply(omv_shardset_t *self, const omv_shard_reply_t *rep, size_t 
     }
     case OMV_SHARD_REPLY_NOT_FINITE:
         on_not_finite(self, rep, &peer);
+        break;
+    case OMV_SHARD_REPLY_NORM:
+        on_norm(self, rep, &peer);
         break;
     case OMV_SHARD_REPLY_ACK:
         if (acks)

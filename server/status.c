@@ -33,6 +33,10 @@ static void section_daemon(const omv_daemon_t *d, omv_kv_t *kv)
     omv_kv_str(kv, "endpoint", d->cfg.endpoint);
     omv_kv_str(kv, "log_level", d->cfg.log_level);
     omv_kv_int(kv, "reloads_total", (int64_t)d->reloads_total);
+    uint64_t refused, timeouts;
+    omv_control_counts(d->control, &refused, &timeouts);
+    omv_kv_int(kv, "control_refused_total", (int64_t)refused);
+    omv_kv_int(kv, "control_timeouts_total", (int64_t)timeouts);
     omv_kv_int(kv, "reloads_failed_total", (int64_t)d->reloads_failed_total);
     omv_kv_int(kv, "jobs_queued", d->jobs->n_queue);
     omv_kv_int(kv, "jobs_submitted_total", (int64_t)d->jobs->submitted_total);
@@ -107,6 +111,7 @@ static void section_cluster(const omv_daemon_t *d, const omv_run_t *r, int json,
     omv_kv_int(kv, "shm_gone_total", (int64_t)d->local.gone_total);
     omv_kv_int(kv, "shm_refused_total", (int64_t)d->local.refused_total);
     omv_kv_int(kv, "evaluator_alive", r->eval.evaluator != 0);
+    omv_kv_int(kv, "evaluations_total", (int64_t)r->eval.n_history);
     omv_kv_int(kv, "groups", r->job.groups);
     omv_kv_int(kv, "groups_now", omv_groups_count(r->groups));
     omv_kv_int(kv, "staleness", r->job.staleness);
@@ -170,6 +175,8 @@ static void section_refusals(const omv_daemon_t *d, omv_kv_t *kv)
         omv_kv_int(kv, key, (int64_t)d->refusals.counts[i]);
     }
     omv_kv_int(kv, "refused_total", (int64_t)omv_refusals_total(&d->refusals));
+    omv_kv_int(kv, "refusals_unanswered_total", (int64_t)d->refusals.unanswered);
+    omv_kv_int(kv, "handshakes_failed_total", (int64_t)omv_router_handshakes_failed(d->router));
 }
 
 void omv_status_status(const omv_daemon_t *d, omv_strbuf_t *out, int json)
@@ -324,9 +331,30 @@ static void history_json(const omv_eval_t *ev, omv_strbuf_t *out)
     omv_strbuf_append(out, "]", 1);
 }
 
+/* How a done job's end went: its final checkpoint and evaluation ("" for a job not done). */
+static const char *final_checkpoint(const omv_run_t *r)
+{
+    if (r->state != JOB_DONE)
+        return "";
+    return r->final_ckpt > 0 ? "written" : r->final_ckpt < 0 ? "failed" : "off";
+}
+
+static const char *final_evaluation(const omv_run_t *r)
+{
+    return r->state != JOB_DONE ? "" : r->final_eval ? "done" : "missing";
+}
+
+/* The checkpoint that holds the job's result: none when a done job's final one failed (an
+ * older one is not its result). */
+static const char *result_checkpoint(const omv_run_t *r)
+{
+    return r->state == JOB_DONE && r->final_ckpt < 0 ? "" : r->ckpt.last_path;
+}
+
 static void summary_json(const omv_daemon_t *d, const omv_run_t *r, omv_strbuf_t *out)
 {
-    double acc = omv_eval_last_accuracy(&r->eval), loss = omv_eval_last_loss(&r->eval);
+    double acc = omv_run_result_accuracy(r);
+    double loss = isfinite(acc) ? omv_eval_last_loss(&r->eval) : NAN;
     const omv_members_t *ms = d->members;
     omv_strbuf_append(out, "{\"job\":", 7);
     omv_strbuf_json_string(out, r->job.name);
@@ -347,7 +375,13 @@ static void summary_json(const omv_daemon_t *d, const omv_run_t *r, omv_strbuf_t
                       (long long)r->job.batch_size, r->job.learning_rate, r->job.momentum,
                       omv_members_live_trainers(ms), (unsigned long long)ms->joins_total,
                       (unsigned long long)ms->deaths_total, (unsigned long long)ms->leaves_total);
-    omv_strbuf_json_string(out, r->ckpt.last_path);
+    omv_strbuf_json_string(out, result_checkpoint(r));
+    omv_strbuf_printf(out, ",\"final_checkpoint\":\"%s\",\"final_evaluation\":\"%s\"",
+                      final_checkpoint(r), final_evaluation(r));
+    if (r->state == JOB_DONE && r->final_ckpt < 0) {
+        omv_strbuf_append(out, ",\"checkpoint_error\":", 20);
+        omv_strbuf_json_string(out, r->ckpt.last_error);
+    }
     omv_strbuf_append(out, ",\"resumed_from\":", 16);
     omv_strbuf_json_string(out, r->ckpt.resumed_from);
     if (omv_tuner_active(r->tuner)) {
@@ -376,14 +410,21 @@ void omv_status_summary(const omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_section(&kv, "summary");
     omv_kv_str(&kv, "job", r->job.name);
     omv_kv_str(&kv, "state", omv_run_state_names[r->state]);
-    omv_kv_double(&kv, "test_accuracy", omv_eval_last_accuracy(&r->eval), 4);
-    omv_kv_double(&kv, "test_loss", omv_eval_last_loss(&r->eval), 4);
+    double acc = omv_run_result_accuracy(r);
+    omv_kv_double(&kv, "test_accuracy", acc, 4);
+    omv_kv_double(&kv, "test_loss", isfinite(acc) ? omv_eval_last_loss(&r->eval) : NAN, 4);
     omv_kv_double(&kv, "epochs", omv_run_epoch(r), 2);
     omv_kv_double(&kv, "wall_seconds", omv_run_wall_seconds(r), 1);
     omv_kv_double(&kv, "images_per_second", omv_run_images_per_second(r), 0);
     omv_kv_int(&kv, "workers", r->job.workers);
     omv_kv_int(&kv, "groups", r->job.groups);
-    omv_kv_str(&kv, "checkpoint", r->ckpt.last_path);
+    omv_kv_str(&kv, "checkpoint", result_checkpoint(r));
+    if (r->state == JOB_DONE) {
+        omv_kv_str(&kv, "final_checkpoint", final_checkpoint(r));
+        omv_kv_str(&kv, "final_evaluation", final_evaluation(r));
+        if (r->final_ckpt < 0)
+            omv_kv_str(&kv, "checkpoint_error", r->ckpt.last_error);
+    }
     if (r->ckpt.resumed_from[0])
         omv_kv_str(&kv, "resumed_from", r->ckpt.resumed_from);
     if (omv_tuner_active(r->tuner)) {

@@ -93,8 +93,20 @@ on() { # on NS HOSTNAME LOG COMMAND...
     ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$host" "$@" >"$log" 2>&1 &
     pids="$pids $!"
 }
+# CURVE, as on a real network: keys for the daemon, a trainer and an evaluator, the folder of
+# public certificates doubling as the daemon's allow-list.
+keys=$tmp/keys
+mkdir "$keys"
+"$ctl" keygen daemon "$keys" >/dev/null
+"$ctl" keygen trainer "$keys" >/dev/null
+"$ctl" keygen --roles evaluator evaluator "$keys" >/dev/null
+printf '[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n' \
+    "$keys" "$keys" >"$tmp/omnivored.conf"
+tkey="--key $keys/trainer.key_secret --server-key $keys/daemon.key"
+ekey="--key $keys/evaluator.key_secret --server-key $keys/daemon.key"
 on "$ns_head" head "$tmp/daemon.log" "$daemon" --once --job "$tmp/job.ini" \
-    --endpoint tcp://10.77.0.1:5555 --control "$sock" --state-dir "$tmp" --log-level info
+    --endpoint tcp://10.77.0.1:5555 --control "$sock" --state-dir "$tmp" --log-level info \
+    --config "$tmp/omnivored.conf"
 daemon_pid=${pids##* }
 n=0
 until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
@@ -103,11 +115,14 @@ until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
     kill -0 "$daemon_pid" 2>/dev/null || { echo "FAIL: omnivored exited"; exit 1; }
     sleep 0.1
 done
-on "$ns_w1" worker1 "$tmp/w1.log" "$worker" --server tcp://10.77.0.1:5555 --step-delay-ms 2
+# shellcheck disable=SC2086
+on "$ns_w1" worker1 "$tmp/w1.log" "$worker" --server tcp://10.77.0.1:5555 --step-delay-ms 2 $tkey
 w1=${pids##* }
-on "$ns_w2" worker2 "$tmp/w2.log" "$worker" --server tcp://10.77.0.1:5555 --step-delay-ms 2
+# shellcheck disable=SC2086
+on "$ns_w2" worker2 "$tmp/w2.log" "$worker" --server tcp://10.77.0.1:5555 --step-delay-ms 2 $tkey
 w2=${pids##* }
-on "$ns_w2" worker2 "$tmp/ev.log" "$worker" --server tcp://10.77.0.1:5555 --role evaluator
+# shellcheck disable=SC2086
+on "$ns_w2" worker2 "$tmp/ev.log" "$worker" --server tcp://10.77.0.1:5555 --role evaluator $ekey
 ev=${pids##* }
 
 # Status throughout: both trainers alive while it runs, the loss falling below LOSS_MAX.

@@ -67,8 +67,19 @@ sock=$tmp/control.sock
 # A port of our own: the pid keeps concurrent runs apart.
 port=$((20000 + $$ % 20000))
 ep=tcp://127.0.0.1:$port
+# CURVE, as on a real network: keys for the daemon, a trainer and an evaluator, the folder of
+# public certificates doubling as the daemon's allow-list.
+keys=$tmp/keys
+mkdir "$keys"
+"$ctl" keygen daemon "$keys" >/dev/null
+"$ctl" keygen trainer "$keys" >/dev/null
+"$ctl" keygen --roles evaluator evaluator "$keys" >/dev/null
+printf '[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n' \
+    "$keys" "$keys" >"$tmp/omnivored.conf"
+tkey="--key $keys/trainer.key_secret --server-key $keys/daemon.key"
+ekey="--key $keys/evaluator.key_secret --server-key $keys/daemon.key"
 run daemon "$fam_daemon" "$mdwe_daemon" "$daemon" --once --job "$tmp/job.ini" --endpoint "$ep" \
-    --control "$sock" --state-dir "$tmp" --log-level warn
+    --control "$sock" --state-dir "$tmp" --log-level warn --config "$tmp/omnivored.conf"
 d=$!
 pids="$d"
 n=0
@@ -78,10 +89,12 @@ until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
     kill -0 "$d" 2>/dev/null || { echo "FAIL: omnivored exited:"; cat "$tmp/daemon.log"; exit 1; }
     sleep 0.1
 done
-run trainer "$fam_worker" "$mdwe_worker" "$worker" --server "$ep" --threads 2 --log-level warn
+# shellcheck disable=SC2086
+run trainer "$fam_worker" "$mdwe_worker" "$worker" --server "$ep" --threads 2 --log-level warn $tkey
 w=$!
+# shellcheck disable=SC2086
 run evaluator "$fam_worker" "$mdwe_worker" "$worker" --server "$ep" --role evaluator \
-    --log-level warn
+    --log-level warn $ekey
 e=$!
 pids="$d $w $e"
 wait "$w" || { echo "FAIL: the trainer exited with status $?"; cat "$tmp/trainer.log"; exit 1; }

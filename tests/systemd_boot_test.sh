@@ -129,8 +129,14 @@ wait_restart() {
 field() { inside omnivorectl status | sed -n "s/^$1://p" | head -1; }
 
 # ---- the README's steps, as an operator on the head node ----
-say "install: systemd-sysusers, job.ini, worker.conf, enable the units"
+say "install: systemd-sysusers, CURVE keys, job.ini, worker.conf, enable the units"
 inside systemd-sysusers
+inside install -d -m 0755 /etc/omnivore/keys
+inside omnivorectl keygen daemon /etc/omnivore/keys >/dev/null
+inside chown omnivore: /etc/omnivore/keys/daemon.key_secret
+inside omnivorectl keygen --roles trainer,evaluator worker /etc/omnivore/keys >/dev/null
+inside install -d /etc/omnivore/workers.d
+inside cp /etc/omnivore/keys/worker.key /etc/omnivore/workers.d/
 inside cp /usr/share/omnivore/examples/fashion-mlp.ini /etc/omnivore/job.ini
 # Five epochs instead of three: time for the SIGKILL and the reload while it trains.
 inside sed -i 's/^epochs = 3$/epochs = 5/' /etc/omnivore/job.ini
@@ -199,6 +205,7 @@ out=$(inside omnivorectl submit /home/operator/job.ini 2>&1) &&
 inside mkdir -p /etc/systemd/system/omnivored.service.d
 inside sh -c 'printf "[Service]\nReadWritePaths=/srv/ckpt\n" \
     > /etc/systemd/system/omnivored.service.d/checkpoints.conf'
+inside sed -i 's|^checkpoint_root =.*|checkpoint_root = /srv/ckpt|' /etc/omnivore/omnivored.conf
 inside systemctl daemon-reload
 
 # ---- trained to done ----
@@ -224,9 +231,10 @@ fi
 wait_status state:done 30 && ok "after the restart the finished job is reported done" ||
     bad "after the restart: state $(field state)"
 out=$(inside omnivorectl submit /etc/omnivore/jobs/fashion-cnn.ini --set checkpoint.dir=/srv/ckpt \
-    2>&1) && ok "with ReadWritePaths=/srv/ckpt in a drop-in, the CNN example is accepted:" \
-    "$(echo "$out" | grep '^state:')" ||
+    2>&1) && ok "with ReadWritePaths=/srv/ckpt in a drop-in and checkpoint_root = /srv/ckpt, the" \
+    "CNN example is accepted: $(echo "$out" | grep '^state:')" ||
     bad "submit with the drop-in: $out"
+wait_status 'step:[1-9].*' 120 && ok "and it trains" || bad "the CNN job: state $(field state)"
 
 # ---- a worker whose server name does not resolve: exit 2, not restarted ----
 # The container has no DNS server (--private-network): names come from /etc/hosts alone, as on a

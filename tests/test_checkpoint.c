@@ -554,6 +554,83 @@ START_TEST(test_write_replaces_and_clears_tmp)
 }
 END_TEST
 
+START_TEST(test_tmp_link_not_followed)
+{
+    /* Someone who may write the checkpoint folder leaves a link where the next temporary file
+     * goes: the write is refused, naming the path, and the file the link names is untouched. */
+    char victim[700], link[700];
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    put_text(dir, "victim", "precious");
+    snprintf(link, sizeof(link), "%s.tmp", ckpt_path(dir, 3));
+    ck_assert_int_eq(symlink(victim, link), 0);
+    omv_checkpoint_t c;
+    make(&c, 3, 64, 2, 2, 3);
+    char err[OMV_CHECKPOINT_ERR_MAX] = "";
+    ck_assert_int_lt(omv_checkpoint_write(&c, dir, NULL, 0, err), 0);
+    ck_assert_msg(strstr(err, link) && strstr(err, "refused"), "%s", err);
+    FILE *f = fopen(victim, "r");
+    char got[32] = "";
+    ck_assert_ptr_nonnull(fgets(got, sizeof(got), f));
+    fclose(f);
+    ck_assert_str_eq(got, "precious");
+    omv_checkpoint_fini(&c);
+}
+END_TEST
+
+/* Whether path exists. */
+static int exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+START_TEST(test_checkpoint_dir_confined)
+{
+    /* A job's [checkpoint] dir stays in the state folder (or the daemon's checkpoint_root):
+     * neither "..", nor an absolute path elsewhere, nor a link inside leads out. */
+    char state[700], other[700], outside[700], root[700];
+    snprintf(state, sizeof(state), "%s/state", dir);
+    snprintf(other, sizeof(other), "%s/other", dir);
+    snprintf(root, sizeof(root), "%s/root", dir);
+    ck_assert_int_eq(mkdir(state, 0750), 0);
+    ck_assert_int_eq(mkdir(other, 0750), 0);
+    static omv_job_t job;
+    memset(&job, 0, sizeof(job));
+    strcpy(job.name, "j");
+    omv_run_ckpt_t ck;
+    const char *refused[] = {"../other/x", "", "", "sneaky/x"};
+    snprintf(outside, sizeof(outside), "%s/../other/y", state);
+    refused[1] = outside;
+    refused[2] = other;
+    snprintf(outside, sizeof(outside), "%s/sneaky", state);
+    ck_assert_int_eq(symlink(other, outside), 0);
+    for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+        snprintf(job.checkpoint_dir, sizeof(job.checkpoint_dir), "%s", refused[i]);
+        ck_assert_msg(omv_run_ckpt_init(&ck, &job, state, NULL) == -EPERM, "%s", refused[i]);
+        ck_assert(!ck.enabled);
+    }
+    char made[800];
+    snprintf(made, sizeof(made), "%s/x", other);
+    ck_assert_msg(!exists(made), "a folder was made outside: %s", made);
+    snprintf(made, sizeof(made), "%s/y", other);
+    ck_assert_msg(!exists(made), "a folder was made outside: %s", made);
+    /* Inside: relative to the state folder, the default, and under a configured root. */
+    strcpy(job.checkpoint_dir, "mine/ckpt");
+    ck_assert_int_eq(omv_run_ckpt_init(&ck, &job, state, NULL), 0);
+    ck_assert(ck.enabled);
+    snprintf(made, sizeof(made), "%s/mine/ckpt", state);
+    ck_assert_str_eq(ck.dir, made);
+    job.checkpoint_dir[0] = '\0';
+    ck_assert_int_eq(omv_run_ckpt_init(&ck, &job, state, NULL), 0);
+    snprintf(made, sizeof(made), "%s/checkpoints/j", state);
+    ck_assert_str_eq(ck.dir, made);
+    snprintf(job.checkpoint_dir, sizeof(job.checkpoint_dir), "%s/a", root);
+    ck_assert_int_eq(omv_run_ckpt_init(&ck, &job, state, NULL), -EPERM);
+    ck_assert_int_eq(omv_run_ckpt_init(&ck, &job, state, root), 0);
+    ck_assert(ck.enabled && exists(job.checkpoint_dir));
+}
+END_TEST
+
 START_TEST(test_unknown_section_is_skipped)
 {
     /* A later version may add sections without a new format number. */
@@ -1414,6 +1491,8 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_roundtrip_large);
     tcase_add_test(tc, test_roundtrip_without_optional_parts);
     tcase_add_test(tc, test_write_replaces_and_clears_tmp);
+    tcase_add_test(tc, test_tmp_link_not_followed);
+    tcase_add_test(tc, test_checkpoint_dir_confined);
     tcase_add_test(tc, test_unknown_section_is_skipped);
     tcase_add_test(tc, test_failed_write_keeps_previous);
     tcase_add_test(tc, test_optimizer_section_is_optional);

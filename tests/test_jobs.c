@@ -345,10 +345,10 @@ START_TEST(test_job_under_home_names_protecthome)
     omv_job_t *job = NULL;
     char *text = NULL, err[OMV_CONFIG_ERR_MAX];
     unsetenv("INVOCATION_ID");
-    ck_assert_int_lt(omv_jobs_parse(path, NULL, 0, &job, &text, err), 0);
+    ck_assert_int_lt(omv_jobs_parse(NULL, path, NULL, 0, &job, &text, err), 0);
     ck_assert_msg(has_text(err, "cannot open") && !has_text(err, "ProtectHome"), "%s", err);
     setenv("INVOCATION_ID", "0123456789abcdef", 1); /* as systemd sets it for a service */
-    ck_assert_int_lt(omv_jobs_parse(path, NULL, 0, &job, &text, err), 0);
+    ck_assert_int_lt(omv_jobs_parse(NULL, path, NULL, 0, &job, &text, err), 0);
     unsetenv("INVOCATION_ID");
     ck_assert_msg(has_text(err, "/home/omnivore-test-nobody/job.ini: cannot open") &&
                       has_text(err, "(ProtectHome=yes)") && has_text(err, "/etc/omnivore/jobs"),

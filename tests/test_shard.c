@@ -234,7 +234,7 @@ static omv_router_t *tmp_router(char *dir, size_t cap)
     char endpoint[300];
     omv_test_tmpdir(dir, cap);
     snprintf(endpoint, sizeof(endpoint), "ipc://%s/workers.sock", dir);
-    omv_router_t *router = omv_router_new(endpoint);
+    omv_router_t *router = omv_router_new(endpoint, 0, NULL);
     ck_assert_ptr_nonnull(router);
     return router;
 }

@@ -135,6 +135,41 @@ START_TEST(test_welcome_round_trip)
 }
 END_TEST
 
+/* A Welcome without means and stds (an IDX job) decodes to none of either; fuzzing found the
+ * decoder copying from protobuf-c's NULL array for it, which UBSan reports. */
+START_TEST(test_welcome_without_std)
+{
+    omv_msg_t m, d;
+    make_welcome(&m);
+    m.u.welcome.job.n_mean = 0;
+    m.u.welcome.job.n_std = 0;
+    round_trip(&m, &d);
+    ck_assert_uint_eq(d.u.welcome.job.n_mean, 0);
+    ck_assert_uint_eq(d.u.welcome.job.n_std, 0);
+    ck_assert_uint_eq(d.u.welcome.job.n_shards, 3);
+}
+END_TEST
+
+/* Strings from a peer that a person reads are stored with their control characters escaped: a
+ * newline in a hostname cannot start a forged line in a log or a key:value reply. */
+START_TEST(test_peer_strings_escaped)
+{
+    omv_msg_t m = {.type = OMV_MSG_HELLO}, d;
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "evil\nworkers_alive:99\r\x1b[2J");
+    strcpy(m.u.hello.name, "back\\slash\t");
+    round_trip(&m, &d);
+    ck_assert_str_eq(d.u.hello.hostname, "evil\\x0aworkers_alive:99\\x0d\\x1b[2J");
+    ck_assert_str_eq(d.u.hello.name, "back\\\\slash\\x09");
+    omv_msg_t l = {.type = OMV_MSG_LEAVE};
+    memset(l.u.leave.reason, '\n', sizeof(l.u.leave.reason) - 1);
+    round_trip(&l, &d);
+    /* Cut where the next escape would not fit, never half-way through one. */
+    ck_assert_uint_eq(strlen(d.u.leave.reason), (OMV_WIRE_REASON_MAX - 1) / 4 * 4);
+    ck_assert(strncmp(d.u.leave.reason, "\\x0a\\x0a", 8) == 0);
+}
+END_TEST
+
 START_TEST(test_other_messages_round_trip)
 {
     omv_msg_t d[N_SAMPLES];
@@ -608,6 +643,8 @@ static Suite *wire_suite(void)
     Suite *s = suite_create("wire");
     TCase *tc = tcase_create("wire");
     tcase_add_test(tc, test_welcome_round_trip);
+    tcase_add_test(tc, test_welcome_without_std);
+    tcase_add_test(tc, test_peer_strings_escaped);
     tcase_add_test(tc, test_other_messages_round_trip);
     tcase_add_test(tc, test_payload_count);
     tcase_add_test(tc, test_unknown_wire_refused);

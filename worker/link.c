@@ -15,7 +15,20 @@ struct omv_link {
     uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
 };
 
-omv_link_t *omv_link_new(const char *endpoint)
+static int set_curve(void *sock, const omv_link_curve_t *c)
+{
+    if (!zmq_has("curve")) {
+        errno = ENOTSUP;
+        return -1;
+    }
+    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, c->server_key, 41) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, c->public_key, 41) != 0 ||
+        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, c->secret_key, 41) != 0)
+        return -1;
+    return 0;
+}
+
+omv_link_t *omv_link_new(const char *endpoint, const omv_link_curve_t *curve)
 {
     omv_link_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
@@ -31,6 +44,8 @@ omv_link_t *omv_link_new(const char *endpoint)
     zmq_setsockopt(self->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(self->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(self->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    if (curve != NULL && set_curve(self->sock, curve) != 0)
+        goto fail;
     if (zmq_connect(self->sock, endpoint) != 0)
         goto fail;
     zmq_msg_init(&self->payload);

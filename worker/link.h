@@ -10,9 +10,15 @@
 
 typedef struct omv_link omv_link_t;
 
-/* Connects to endpoint (tcp://host:port or ipc://path). ZeroMQ connects in the background and
- * reconnects by itself. Returns NULL with errno set. Caller owns; release with omv_link_destroy. */
-omv_link_t *omv_link_new(const char *endpoint);
+/* CURVE keys (Z85): the daemon's public key, and this worker's key pair. */
+typedef struct {
+    const char *server_key, *public_key, *secret_key;
+} omv_link_curve_t;
+
+/* Connects to endpoint (tcp://host:port or ipc://path), with CURVE when curve is not NULL.
+ * ZeroMQ connects in the background and reconnects by itself. Returns NULL with errno set
+ * (ENOTSUP: libzmq has no CURVE). Caller owns; release with omv_link_destroy. */
+omv_link_t *omv_link_new(const char *endpoint, const omv_link_curve_t *curve);
 /* Closes the link, flushing what was sent for up to 2 s. */
 void omv_link_destroy(omv_link_t **self_p);
 /* Closes the link at once, dropping what was not sent (the daemon is gone). */

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "cert.h"
+#include "config.h"
 #include "log.h"
 #include "session.h"
 #include "util.h"
@@ -49,6 +51,10 @@ static void usage(FILE *out)
             "      --no-shm            use the socket even on the daemon's host (by default a\n"
             "                          trainer there exchanges parameters and gradients with it\n"
             "                          through shared memory); OMNIVORE_SHM=0 does the same\n"
+            "  -k, --key FILE          this worker's secret certificate (omnivorectl keygen;\n"
+            "                          default $OMNIVORE_KEY): CURVE, with --server-key\n"
+            "      --server-key FILE   the daemon's public certificate ($OMNIVORE_SERVER_KEY);\n"
+            "                          relative paths are taken from $CREDENTIALS_DIRECTORY\n"
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
@@ -171,6 +177,47 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     }
 }
 
+static const char *key_path, *server_key_path;
+
+/* A relative path of a credential is systemd's LoadCredential= one when there is one. */
+static void credential_path(const char *path, char *out, size_t cap)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (path[0] != '/' && creds && creds[0])
+        snprintf(out, cap, "%s/%s", creds, path);
+    else
+        omv_strlcpy(out, path, cap);
+}
+
+/* Reads the certificates of --key and --server-key (both or neither) into keys. Returns -1 to go
+ * on, or the exit status 2. */
+static int load_keys(omv_cert_t *mine, omv_cert_t *server, omv_link_curve_t *keys,
+                     omv_session_config_t *cfg)
+{
+    if ((key_path == NULL || !key_path[0]) && (server_key_path == NULL || !server_key_path[0]))
+        return -1;
+    if (key_path == NULL || !key_path[0] || server_key_path == NULL || !server_key_path[0]) {
+        fprintf(stderr, "omnivore-worker: CURVE needs both --key (ours) and --server-key (the "
+                        "daemon's)\n");
+        return 2;
+    }
+    char path[4096], err[OMV_CONFIG_ERR_MAX];
+    credential_path(key_path, path, sizeof(path));
+    if (omv_cert_read(path, mine, err) < 0 || mine->secret_key[0] == '\0') {
+        fprintf(stderr, "omnivore-worker: --key: %s\n",
+                mine->secret_key[0] ? err : "not a secret certificate (NAME.key_secret)");
+        return 2;
+    }
+    credential_path(server_key_path, path, sizeof(path));
+    if (omv_cert_read(path, server, err) < 0) {
+        fprintf(stderr, "omnivore-worker: --server-key: %s\n", err);
+        return 2;
+    }
+    *keys = (omv_link_curve_t){server->public_key, mine->public_key, mine->secret_key};
+    cfg->curve = keys;
+    return -1;
+}
+
 /* Reads the command line into cfg (which holds the defaults). Returns -1 to go on, or the
  * exit status. */
 static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
@@ -190,10 +237,16 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
         {"no-overlap", no_argument, NULL, 'O'},
         {"no-shm", no_argument, NULL, 'M'},
         {"version", no_argument, NULL, 'V'},
+        {"key", required_argument, NULL, 'k'},
+        {"server-key", required_argument, NULL, 'K'},
         {NULL, 0, NULL, 0},
     };
     int c;
-    while ((c = getopt_long(argc, argv, "s:r:t:l:n:hV", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "s:r:t:l:n:k:hV", opts, NULL)) != -1) {
+        if (c == 'k' || c == 'K') {
+            *(c == 'k' ? &key_path : &server_key_path) = optarg;
+            continue;
+        }
         int rc = parse_option(c, optarg, cfg);
         if (rc >= 0)
             return rc;
@@ -273,7 +326,15 @@ int main(int argc, char **argv)
         .no_overlap = getenv("OMNIVORE_OVERLAP") && strcmp(getenv("OMNIVORE_OVERLAP"), "0") == 0,
         .no_shm = getenv("OMNIVORE_SHM") && strcmp(getenv("OMNIVORE_SHM"), "0") == 0,
     };
+    key_path = getenv("OMNIVORE_KEY");
+    server_key_path = getenv("OMNIVORE_SERVER_KEY");
     int rc = parse_args(argc, argv, &cfg);
+    if (rc >= 0)
+        return rc;
+    static omv_cert_t mine, server;
+    static omv_link_curve_t keys;
+    mine.secret_key[0] = '\0';
+    rc = load_keys(&mine, &server, &keys, &cfg);
     if (rc >= 0)
         return rc;
     struct sigaction sa;

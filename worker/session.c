@@ -135,6 +135,7 @@ static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
         case OMV_MSG_ERROR:
             switch (m->u.error.code) {
             case OMV_REFUSE_NOT_FINITE:
+            case OMV_REFUSE_NORM:
                 /* The daemon dropped our gradient; the model is intact and the step goes on. */
                 omv_log_warn("daemon refused a gradient: \"%s\"", m->u.error.reason);
                 continue;
@@ -292,7 +293,7 @@ static int register_with_backoff(session_t *s, int64_t deadline_ms)
     int delay_ms = 100;
     for (int attempt = 0;; attempt++) {
         if (s->link == NULL) {
-            s->link = omv_link_new(s->cfg->endpoint);
+            s->link = omv_link_new(s->cfg->endpoint, s->cfg->curve);
             if (s->link == NULL) {
                 int e = -errno;
                 omv_log_error("cannot connect to '%s': %s", s->cfg->endpoint, omv_strerror(e));

@@ -2,6 +2,8 @@
  * evaluate snapshots, until the daemon says stop. */
 #pragma once
 
+#include "link.h"
+
 #include <signal.h>
 
 #include "wire.h"
@@ -21,6 +23,7 @@ typedef struct {
                       * that much slower would (experiments and tests); 0 or 1: none */
     int no_overlap;  /* the serial order: pull, compute, push (measurements and tests) */
     int no_shm;      /* the socket even on the daemon's host (measurements and tests) */
+    const omv_link_curve_t *curve; /* borrowed; CURVE keys, NULL: none */
 } omv_session_config_t;
 
 /* Runs the session to its end. When the daemon goes away (it restarts, or it declared us dead),

@@ -50,5 +50,12 @@ int omv_ctl_write_report(const char *sock, const char *dir, const char *base, in
  * starts its own daemon, so sock is not used. */
 int omv_ctl_run(const char *sock, int argc, char **argv, int json);
 
+/* ctl_keygen.c: keygen [--roles trainer,evaluator] NAME [DIR]: writes DIR/NAME.key and
+ * DIR/NAME.key_secret (the name "daemon" takes no roles). */
+int omv_ctl_keygen(const char *sock, int argc, char **argv, int json);
+/* Makes a key pair and writes it as dir/name.key(_secret) with roles (OMV_CERT_*). Returns 0
+ * or a negative errno with the reason in err[OMV_CONFIG_ERR_MAX]. */
+int omv_ctl_make_cert(const char *dir, const char *name, unsigned roles, char *err);
+
 /* ctl_watch.c: watch [--interval S] [--count N] [COMMAND] [--json] */
 int omv_ctl_watch(const char *sock, int argc, char **argv, int json);

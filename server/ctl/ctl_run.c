@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "cert.h"
+#include "config.h"
 #include "control.h"
 #include "ctl.h"
 #include "job.h"
@@ -27,6 +30,7 @@ typedef struct {
     const char *sets[OMV_CTL_MAX_SETS];
     int n_sets;
     int json;
+    int curve; /* --curve: CURVE with keys made for this run */
 } run_args_t;
 
 typedef struct {
@@ -42,6 +46,10 @@ typedef struct {
     char dir[PATH_MAX];
     char endpoint[PATH_MAX + 16], sock[PATH_MAX + 16];
     char daemon_bin[PATH_MAX], worker_bin[PATH_MAX];
+    char keys[PATH_MAX + 8];                          /* --curve: the run's keys */
+    int curve;                                        /* they were made */
+    char conf[PATH_MAX + 16];                         /* the daemon's config, when it needs one */
+    char ckpt_dir[PATH_MAX], ckpt_set[PATH_MAX + 32]; /* the job's [checkpoint] dir, absolute */
     child_t kids[MAX_CHILDREN];
     int n_kids;
 } cluster_t;
@@ -133,9 +141,13 @@ static int field(const char *body, const char *key, char *out, size_t cap)
 static int parse_args(int argc, char **argv, run_args_t *a)
 {
     static const struct option opts[] = {
-        {"workers", required_argument, NULL, 'w'}, {"threads", required_argument, NULL, 't'},
-        {"set", required_argument, NULL, 'S'},     {"json", no_argument, NULL, 'j'},
-        {"report", required_argument, NULL, 'R'},  {NULL, 0, NULL, 0},
+        {"workers", required_argument, NULL, 'w'},
+        {"threads", required_argument, NULL, 't'},
+        {"set", required_argument, NULL, 'S'},
+        {"json", no_argument, NULL, 'j'},
+        {"report", required_argument, NULL, 'R'},
+        {"curve", no_argument, NULL, 'C'},
+        {NULL, 0, NULL, 0},
     };
     int c;
     optind = 1;
@@ -150,6 +162,8 @@ static int parse_args(int argc, char **argv, run_args_t *a)
             a->json = 1;
         } else if (c == 'R') {
             a->report_dir = optarg;
+        } else if (c == 'C') {
+            a->curve = 1;
         } else {
             omv_ctl_usage(stderr);
             return 2;
@@ -208,12 +222,68 @@ static int prepare(cluster_t *cl)
     return 0;
 }
 
+/* --curve: throwaway keys for the daemon, the trainers and the evaluator in RUN/keys (which is
+ * also the daemon's allow-list folder: its *.key files name each key's role). Returns 0 or the
+ * exit status 1. */
+static int make_keys(cluster_t *cl)
+{
+    static const struct {
+        const char *name;
+        unsigned roles;
+    } certs[] = {{"daemon", 0}, {"trainer", OMV_CERT_TRAINER}, {"evaluator", OMV_CERT_EVALUATOR}};
+    char err[OMV_CONFIG_ERR_MAX];
+    snprintf(cl->keys, sizeof(cl->keys), "%s/keys", cl->dir);
+    if (mkdir(cl->keys, 0700) != 0) {
+        fprintf(stderr, "omnivorectl: cannot make %s: %s\n", cl->keys, strerror(errno));
+        return 1;
+    }
+    cl->curve = 1;
+    for (size_t i = 0; i < sizeof(certs) / sizeof(certs[0]); i++) {
+        if (omv_ctl_make_cert(cl->keys, certs[i].name, certs[i].roles, err) < 0) {
+            fprintf(stderr, "omnivorectl: --curve: %s\n", err);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The daemon's config for the run: CURVE with the run's keys, and the job's own [checkpoint]
+ * dir as a folder it may write (the daemon is ours: a job that names a folder is the caller's
+ * wish, not a stranger's), made absolute as it was meant from here. Returns 0 or 1. */
+static int write_config(cluster_t *cl, const omv_job_t *job)
+{
+    if (job->checkpoint_dir[0]) {
+        char cwd[PATH_MAX] = ".";
+        if (job->checkpoint_dir[0] != '/' && getcwd(cwd, sizeof(cwd)) == NULL)
+            return 1;
+        if (job->checkpoint_dir[0] == '/')
+            omv_strlcpy(cl->ckpt_dir, job->checkpoint_dir, sizeof(cl->ckpt_dir));
+        else
+            snprintf(cl->ckpt_dir, sizeof(cl->ckpt_dir), "%s/%s", cwd, job->checkpoint_dir);
+        snprintf(cl->ckpt_set, sizeof(cl->ckpt_set), "checkpoint.dir=%s", cl->ckpt_dir);
+    }
+    if (!cl->curve && !cl->ckpt_dir[0])
+        return 0;
+    snprintf(cl->conf, sizeof(cl->conf), "%s/omnivored.conf", cl->dir);
+    FILE *f = fopen(cl->conf, "w");
+    if (f == NULL) {
+        fprintf(stderr, "omnivorectl: cannot write %s: %s\n", cl->conf, strerror(errno));
+        return 1;
+    }
+    fprintf(f, "[security]\ncheckpoint_root = %s\n", cl->ckpt_dir);
+    if (cl->curve)
+        fprintf(f, "curve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n", cl->keys,
+                cl->keys);
+    fclose(f);
+    return 0;
+}
+
 /* Starts omnivored for the job, with the command line's overrides. */
 static void start_daemon(cluster_t *cl, const run_args_t *a, int n_workers)
 {
     char nworkers[16];
     snprintf(nworkers, sizeof(nworkers), "%d", n_workers);
-    char *argv[16 + 2 * OMV_CTL_MAX_SETS];
+    char *argv[20 + 2 * OMV_CTL_MAX_SETS];
     int k = 0;
     argv[k++] = cl->daemon_bin;
     argv[k++] = "--once"; /* the workers exit with the job, and nothing else is queued */
@@ -227,9 +297,17 @@ static void start_daemon(cluster_t *cl, const run_args_t *a, int n_workers)
     argv[k++] = nworkers;
     argv[k++] = "--state-dir";
     argv[k++] = cl->dir;
+    if (cl->conf[0]) {
+        argv[k++] = "--config";
+        argv[k++] = cl->conf;
+    }
     for (int i = 0; i < a->n_sets; i++) {
         argv[k++] = "--set";
         argv[k++] = (char *)a->sets[i];
+    }
+    if (cl->ckpt_set[0]) {
+        argv[k++] = "--set";
+        argv[k++] = cl->ckpt_set;
     }
     argv[k] = NULL;
     cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivored", 0, 0};
@@ -259,12 +337,25 @@ static int wait_for_daemon(cluster_t *cl, omv_strbuf_t *body)
 /* Starts n_workers trainers and the evaluator, with threads threads each. */
 static void start_workers(cluster_t *cl, int n_workers, const char *threads)
 {
-    char *argv[] = {cl->worker_bin,  "--server", cl->endpoint, "--threads",
-                    (char *)threads, NULL,       NULL,         NULL};
+    char key[PATH_MAX + 32], server_key[PATH_MAX + 32];
+    char *argv[] = {cl->worker_bin, "--server", cl->endpoint, "--threads", (char *)threads,
+                    NULL,           NULL,       NULL,         NULL,        NULL,
+                    NULL,           NULL,       NULL};
+    int k = 5;
+    if (cl->curve) {
+        snprintf(key, sizeof(key), "%s/trainer.key_secret", cl->keys);
+        snprintf(server_key, sizeof(server_key), "%s/daemon.key", cl->keys);
+        argv[k++] = "--key";
+        argv[k++] = key;
+        argv[k++] = "--server-key";
+        argv[k++] = server_key;
+    }
     for (int i = 0; i < n_workers && cl->n_kids < MAX_CHILDREN - 1; i++)
         cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker", 0, 0};
-    argv[5] = "--role";
-    argv[6] = "evaluator";
+    if (cl->curve)
+        snprintf(key, sizeof(key), "%s/evaluator.key_secret", cl->keys);
+    argv[k++] = "--role";
+    argv[k++] = "evaluator";
     cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker (evaluator)", 0, 0};
 }
 
@@ -288,6 +379,32 @@ static int wait_for_job(cluster_t *cl, omv_strbuf_t *body, char *state, size_t c
     return 0;
 }
 
+/* Whether a done job ended with its final model both evaluated and checkpointed (or
+ * checkpoints off); says on stderr what is missing. A job without its result is no success. */
+static int honest_end(cluster_t *cl)
+{
+    omv_strbuf_t s;
+    omv_strbuf_init(&s);
+    char ckpt[32] = "", eval[32] = "", why[512] = "";
+    int ok = omv_ctl_request(cl->sock, "summary", &s) == 0;
+    if (ok) {
+        field(omv_strbuf_str(&s), "final_checkpoint", ckpt, sizeof(ckpt));
+        field(omv_strbuf_str(&s), "final_evaluation", eval, sizeof(eval));
+        field(omv_strbuf_str(&s), "checkpoint_error", why, sizeof(why));
+    }
+    if (strcmp(ckpt, "failed") == 0) {
+        fprintf(stderr, "omnivorectl: the job's final checkpoint failed: %s\n", why);
+        ok = 0;
+    }
+    if (strcmp(eval, "missing") == 0) {
+        fprintf(stderr, "omnivorectl: the job's final model was not evaluated (the evaluator "
+                        "was lost): it has no final test accuracy\n");
+        ok = 0;
+    }
+    omv_strbuf_fini(&s);
+    return ok;
+}
+
 /* Trains the job on the cluster: the daemon, then (once it answers) the workers; waits for the
  * end and prints the summary, after the report when one was asked for. Returns the exit
  * status. */
@@ -308,6 +425,8 @@ static int train(cluster_t *cl, const run_args_t *a, const omv_job_t *job, omv_s
         return 130;
     }
     int rc = strcmp(state, "done") == 0 ? 0 : 1;
+    if (rc == 0 && !honest_end(cl))
+        rc = 1;
     if (a->report_dir && omv_ctl_write_report(cl->sock, a->report_dir, NULL, 0, 1) != 0)
         rc = 1;
     if (omv_ctl_request(cl->sock, a->json ? "summary --json" : "summary", body) == 0)
@@ -356,6 +475,18 @@ static void remove_run_folder(const cluster_t *cl, const char *job_name)
 {
     unlink(cl->sock);
     char path[PATH_MAX + 32];
+    if (cl->curve) {
+        static const char *const files[] = {"daemon.key",    "daemon.key_secret",
+                                            "trainer.key",   "trainer.key_secret",
+                                            "evaluator.key", "evaluator.key_secret"};
+        for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+            snprintf(path, sizeof(path), "%s/%s", cl->keys, files[i]);
+            unlink(path);
+        }
+        rmdir(cl->keys);
+    }
+    if (cl->conf[0])
+        unlink(cl->conf);
     snprintf(path, sizeof(path), "%s/workers.sock", cl->dir);
     unlink(path);
     snprintf(path, sizeof(path), "%s/checkpoints/%s", cl->dir, job_name);
@@ -379,8 +510,10 @@ int omv_ctl_run(const char *sock, int argc, char **argv, int json)
     /* Static: a thousand children are more than a stack frame should hold. */
     static cluster_t cl;
     memset(&cl, 0, sizeof(cl));
-    if (prepare(&cl) != 0)
+    if (prepare(&cl) != 0 || (a.curve && make_keys(&cl) != 0) || write_config(&cl, &job) != 0) {
+        remove_run_folder(&cl, job.name);
         return 1;
+    }
     omv_ctl_catch_interrupts();
     omv_strbuf_t body;
     omv_strbuf_init(&body);

@@ -1,0 +1,549 @@
+/* Integration tests with a hostile peer on the worker endpoint: floods and oversized frames are
+ * refused with the daemon's memory bounded, and strings from peers cannot forge lines. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <grp.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "cert.h"
+#include "cluster_util.h"
+#include "config.h"
+#include "control.h"
+#include "peer_util.h"
+#include "strbuf.h"
+#include "testutil.h"
+#include "util.h"
+#include "wire.h"
+
+/* A line of /proc/PID/status ("VmRSS", "VmHWM") in KiB. */
+static long proc_kib(pid_t pid, const char *key)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    long v = -1;
+    size_t k = strlen(key);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, key, k) == 0 && line[k] == ':')
+            v = strtol(line + k + 1, NULL, 10);
+    fclose(f);
+    ck_assert_int_ge(v, 0);
+    return v;
+}
+
+/* Two 32 MB frames from a stranger: the connection is dropped before either is buffered (the
+ * frame limit comes from the job's small model), and the daemon goes on answering. */
+START_TEST(test_oversized_frames)
+{
+    write_job(1, 2, "groups = 1");
+    pid_t d = start_daemon();
+    long before = proc_kib(d, "VmHWM");
+    size_t big = 32u << 20;
+    char *junk = calloc(1, big);
+    ck_assert_ptr_nonnull(junk);
+    for (int i = 0; i < 2; i++) {
+        peer_t p;
+        peer_open(&p);
+        peer_send_raw(&p, junk, big, NULL, 0);
+        /* A legitimate Hello on another connection is still answered, after the junk. */
+        peer_t q;
+        peer_open(&q);
+        omv_msg_t m = {.type = OMV_MSG_HELLO};
+        m.u.hello.protocol_version = OMV_PROTOCOL_VERSION + 1;
+        peer_send(&q, &m, NULL, 0);
+        expect_error(&q, OMV_REFUSE_VERSION);
+        peer_close(&q);
+        peer_close(&p);
+    }
+    free(junk);
+    long after = proc_kib(d, "VmHWM");
+    ck_assert_msg(after - before < 20 * 1024, "peak RSS grew from %ld to %ld KiB", before, after);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* A flood of bad messages whose answers are never read: every one is refused and counted, the
+ * answers the peer does not read are dropped, and memory stays flat. */
+START_TEST(test_unread_flood)
+{
+    write_job(1, 2, "groups = 1");
+    pid_t d = start_daemon();
+    long before = proc_kib(d, "VmRSS");
+    peer_t p;
+    peer_open(&p);
+    int hwm = 100;
+    zmq_setsockopt(p.sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    enum { FLOOD = 200000 };
+    for (int i = 0; i < FLOOD; i++)
+        peer_send_raw(&p, "\xff\xfe not an envelope, and nobody reads the answer", 48, NULL, 0);
+    wait_status("refused_malformed_total", FLOOD, 60000);
+    ck_assert_msg(status_field("refusals_unanswered_total") > 0, "every answer was queued");
+    long after = proc_kib(d, "VmRSS");
+    ck_assert_msg(after - before < 20 * 1024, "RSS grew from %ld to %ld KiB", before, after);
+    peer_close(&p);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* A registered trainer that pushes 3e38 in every element (finite, so no NaN check catches it)
+ * after some ordinary steps: each shard refuses it as far outside the norms it has been
+ * receiving, and the step goes on without it, leaving the model as it was. */
+START_TEST(test_huge_gradient_refused)
+{
+    write_job(1, 2, "groups = 1\nshards = 3\nwire = fp32");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "stranger");
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    const omv_jobspec_t *j = &w.u.welcome.job;
+    uint32_t id = w.u.welcome.worker_id;
+    size_t n = j->param_count;
+    float *model = calloc(n, sizeof(float)), *after = calloc(n, sizeof(float));
+    float *grad = calloc(n, sizeof(float));
+    uint64_t step = 0;
+    /* The job's default bound learns from the first 10 gradients of each shard. */
+    for (; step <= 12; step++) {
+        pull_model(&p, id, step, j, model);
+        for (size_t i = 0; i < n; i++)
+            grad[i] = (step == 12 ? 3e38f : 1e-3f) * (i % 2 ? 1.0f : -1.0f);
+        for (uint32_t s = 0; s < j->n_shards; s++) {
+            uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
+            omv_msg_t push = {.type = OMV_MSG_PUSH};
+            push.u.push = (omv_push_t){id, step, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+            peer_send(&p, &push, grad + off, cnt);
+            if (step == 12)
+                expect_error(&p, OMV_REFUSE_NORM);
+        }
+    }
+    pull_model(&p, id, step, j, after);
+    ck_assert_int_eq(memcmp(model, after, n * sizeof(float)), 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(fabsf(after[i]) < 100.0f, "parameter %zu is %g", i, (double)after[i]);
+    ck_assert_int_eq((int)status_field("refused_norm_total"), (int)j->n_shards);
+    peer_close(&p);
+    free(model);
+    free(after);
+    free(grad);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* A registration that only sends heartbeats cannot hold a synchronous job: it is declared dead
+ * once it has pushed nothing for [cluster] progress_timeout_s, and the job goes on to the end
+ * with the real worker. */
+START_TEST(test_heartbeat_only_member_expires)
+{
+    write_job(2, 2, "groups = 1\nprogress_timeout_s = 2");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "squatter");
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+    hb.u.heartbeat.worker_id = w.u.welcome.worker_id;
+    pid_t tr = start_worker("trainer");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 60000;
+    for (;;) {
+        peer_send(&p, &hb, NULL, 0); /* answers are never read */
+        control("status", &body);
+        char state[32] = "";
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            break;
+        ck_assert_msg(omv_time_ms() < deadline, "the job stalled: %s", omv_strbuf_str(&body));
+        sleep_ms(200);
+    }
+    ck_assert_msg(field(omv_strbuf_str(&body), "deaths_total") >= 1, "%s", omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    expect_exit_0(tr, "trainer");
+    peer_close(&p);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* A hostname with a newline cannot forge a line in `omnivorectl workers`. */
+START_TEST(test_hostname_newline)
+{
+    write_job(2, 2, "groups = 1");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    strcpy(m.u.hello.hostname, "evil\nstate:forged\nworkers_alive:99");
+    peer_send(&p, &m, NULL, 0);
+    static omv_msg_t w;
+    peer_recv(&p, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    static char out[65536];
+    ck_assert_int_eq(ctl_sock(out, sizeof(out), "workers"), 0);
+    ck_assert_msg(!has_text(out, "\nstate:forged") && !has_text(out, "\nworkers_alive:99"),
+                  "a forged line: %s", out);
+    ck_assert_msg(has_text(out, "evil\\x0astate:forged"), "hostname not shown escaped: %s", out);
+    peer_close(&p);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* Sends line to the control socket as uid:gid (no supplementary groups), from a child; the
+ * reply's status and body come back through a pipe into out[cap]. */
+static int request_as(uid_t uid, gid_t gid, const char *line, char *out, size_t cap)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+            _exit(3);
+        omv_strbuf_t body;
+        omv_strbuf_init(&body);
+        int r = omv_control_request(sock_path, line, &body, 5000);
+        dprintf(fds[1], "%d\n%s", r, omv_strbuf_str(&body));
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t len = 0;
+    ssize_t n;
+    while (len < cap - 1 && (n = read(fds[0], out + len, cap - 1 - len)) > 0)
+        len += (size_t)n;
+    out[len] = '\0';
+    close(fds[0]);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the client could not run");
+    return atoi(out);
+}
+
+/* Who may change the daemon, and what it reads for them: a caller outside the admin group may
+ * only read; one inside may submit, but only files they could read themselves, and a refusal
+ * quotes nothing of a secret file (its first key, bytes, size or existence). */
+START_TEST(test_control_callers)
+{
+    if (geteuid() != 0) {
+        printf("test_control_callers: skipped: needs root to play other users\n");
+        return;
+    }
+    char secret[700], conf[700], job2[700], out[8192];
+    snprintf(secret, sizeof(secret), "%s/secret.ini", test_dir);
+    FILE *f = fopen(secret, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "[job]\nhunter2 = yes\n");
+    fclose(f);
+    chmod(secret, 0600);
+    model_section = "definition = secret.ini";
+    write_job(1, 2, "groups = 1");
+    snprintf(job2, sizeof(job2), "%s/job2.ini", test_dir);
+    ck_assert_int_eq(rename(job_path, job2), 0);
+    model_section = "layers = 64 32 4";
+    write_job(1, 2, "groups = 1");
+    chmod(test_dir, 0755);
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    f = fopen(conf, "w");
+    fprintf(f, "[security]\nadmin_group = nogroup\n");
+    fclose(f);
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--config",
+                    conf,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
+    pid_t d = start_daemon_argv(argv);
+    chmod(sock_path, 0666);
+
+    /* uid 54321 is in no group that may change anything: it reads, and is refused the rest. */
+    ck_assert_int_eq(request_as(54321, 54321, "status", out, sizeof(out)), 0);
+    ck_assert_int_eq(request_as(54321, 54321, "shutdown", out, sizeof(out)), -EREMOTEIO);
+    ck_assert_msg(strstr(out, "'shutdown' changes the daemon") && strstr(out, "uid 54321"), "%s",
+                  out);
+    char line[800];
+    snprintf(line, sizeof(line), "submit %s", job_path);
+    ck_assert_int_eq(request_as(54321, 54321, line, out, sizeof(out)), -EREMOTEIO);
+    ck_assert_msg(strstr(out, "changes the daemon"), "%s", out);
+
+    /* nobody (group nogroup, the admin group) may submit, but not a file it cannot read, nor a
+     * job whose definition it cannot read; the refusals say the same for a missing file. */
+    const char *secrets[] = {secret, job2};
+    for (int i = 0; i < 2; i++) {
+        snprintf(line, sizeof(line), "submit %s", secrets[i]);
+        ck_assert_int_eq(request_as(65534, 65534, line, out, sizeof(out)), -EREMOTEIO);
+        ck_assert_msg(strstr(out, "uid 65534 cannot read it (it is missing, or"), "%s", out);
+        ck_assert_msg(!strstr(out, "hunter2") && !strstr(out, "bytes"), "quoted: %s", out);
+    }
+    snprintf(line, sizeof(line), "submit %s/nothing-here.ini", test_dir);
+    ck_assert_int_eq(request_as(65534, 65534, line, out, sizeof(out)), -EREMOTEIO);
+    ck_assert_msg(strstr(out, "uid 65534 cannot read it (it is missing, or"), "%s", out);
+    snprintf(line, sizeof(line), "submit %s", job_path);
+    ck_assert_int_eq(request_as(65534, 65534, line, out, sizeof(out)), 0);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* The pid of a child of parent whose command line contains what, or 0. */
+static pid_t child_with(pid_t parent, const char *what)
+{
+    DIR *dir = opendir("/proc");
+    ck_assert_ptr_nonnull(dir);
+    pid_t found = 0;
+    struct dirent *de;
+    while (found == 0 && (de = readdir(dir)) != NULL) {
+        pid_t pid = (pid_t)atoi(de->d_name);
+        char path[64], buf[4096];
+        if (pid <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        int ppid = 0;
+        /* pid (comm) state ppid: comm has no spaces here */
+        if (fscanf(f, "%*d %*s %*c %d", &ppid) != 1)
+            ppid = 0;
+        fclose(f);
+        if (ppid != parent)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+        f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        for (size_t i = 0; i < n; i++)
+            buf[i] = buf[i] ? buf[i] : ' ';
+        buf[n] = '\0';
+        if (strstr(buf, what))
+            found = pid;
+    }
+    closedir(dir);
+    return found;
+}
+
+/* A job whose final checkpoint fails, and whose final model is never evaluated (the evaluator
+ * is killed after an earlier evaluation), says both in its summary and shows neither the older
+ * accuracy nor an older checkpoint as its result. */
+START_TEST(test_honest_summary)
+{
+    write_job(1, 3, "groups = 1");
+    pid_t d = start_daemon();
+    /* Where the checkpoints go becomes a file: every write fails, the final one too. */
+    char folder[700];
+    snprintf(folder, sizeof(folder), "%s/checkpoints/blobs", test_dir);
+    ck_assert_int_eq(rmdir(folder), 0);
+    FILE *f = fopen(folder, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    pid_t ev = start_worker("evaluator");
+    pid_t tr = start_worker_slow("trainer", "15");
+    wait_status("evaluations_total", 1, 60000); /* the evaluation after epoch 1 */
+    kill(ev, SIGKILL);
+    waitpid(ev, NULL, 0);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done(&body, 120000);
+    control("summary", &body);
+    const char *s = omv_strbuf_str(&body);
+    ck_assert_msg(has_text(s, "final_evaluation:missing"), "%s", s);
+    ck_assert_msg(has_text(s, "\ntest_accuracy:\n"), "a stale accuracy: %s", s);
+    ck_assert_msg(has_text(s, "final_checkpoint:failed") && has_text(s, "\ncheckpoint:\n"), "%s",
+                  s);
+    ck_assert_msg(has_text(s, "checkpoint_error:cannot create checkpoint folder"), "%s", s);
+    ck_assert_msg(has_text(s, "eval_1:epoch=1.00"), "the earlier evaluation is history: %s", s);
+    control("summary --json", &body);
+    s = omv_strbuf_str(&body);
+    ck_assert_msg(has_text(s, "\"test_accuracy\":null") && has_text(s, "\"checkpoint\":\"\""), "%s",
+                  s);
+    omv_strbuf_fini(&body);
+    expect_exit_0(tr, "trainer");
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* omnivorectl run fails when the job's final model was not evaluated. */
+START_TEST(test_run_fails_without_final_evaluation)
+{
+    write_job(1, 2, "groups = 1");
+    char log[700];
+    snprintf(log, sizeof(log), "%s/run.log", test_dir);
+    pid_t ctl = fork();
+    ck_assert_int_ge(ctl, 0);
+    if (ctl == 0) {
+        FILE *f = freopen(log, "w", stdout);
+        (void)f;
+        dup2(1, 2);
+        execl(bin("OMNIVORECTL"), "omnivorectl", "run", job_path, NULL);
+        _exit(127);
+    }
+    pid_t ev = 0;
+    int64_t deadline = omv_time_ms() + 30000;
+    while ((ev = child_with(ctl, "evaluator")) == 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "no evaluator started");
+        sleep_ms(5);
+    }
+    kill(ev, SIGKILL);
+    int status;
+    ck_assert_int_eq(waitpid(ctl, &status, 0), ctl);
+    char out[65536] = "";
+    FILE *f = fopen(log, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    fclose(f);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "status %d: %s", status, out);
+    ck_assert_msg(has_text(out, "final model was not evaluated"), "%s", out);
+    ck_assert_msg(has_text(out, "final_evaluation:missing"), "%s", out);
+}
+END_TEST
+
+/* Reads dir/name's certificate. */
+static omv_cert_t cert_of(const char *dir, const char *name)
+{
+    char path[800], err[OMV_CONFIG_ERR_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    omv_cert_t c;
+    ck_assert_msg(omv_cert_read(path, &c, err) == 0, "%s", err);
+    return c;
+}
+
+static void hello_as(peer_t *p, omv_role_t role)
+{
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    m.u.hello.role = role;
+    strcpy(m.u.hello.hostname, "keyed");
+    peer_send(p, &m, NULL, 0);
+}
+
+/* CURVE with an allow-list folder: a peer without a key and one with a key not in the folder
+ * get no answer (the second is counted), a trainer key asking for the evaluator role is
+ * refused, and a key removed from the folder is refused at its next registration. */
+START_TEST(test_curve_allow_list)
+{
+    char keys[700], other[700], conf[700], cmd[2200], out[4096];
+    snprintf(keys, sizeof(keys), "%s/keys", test_dir);
+    snprintf(other, sizeof(other), "%s/other", test_dir);
+    ck_assert_int_eq(mkdir(keys, 0700), 0);
+    ck_assert_int_eq(mkdir(other, 0700), 0);
+    snprintf(cmd, sizeof(cmd), "keygen daemon %s", keys);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, cmd), 0);
+    snprintf(cmd, sizeof(cmd), "keygen --roles trainer t1 %s", keys);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, cmd), 0);
+    snprintf(cmd, sizeof(cmd), "keygen --roles trainer,evaluator stranger %s", other);
+    ck_assert_int_eq(run_omnivorectl(out, sizeof(out), NULL, cmd), 0);
+    omv_cert_t d_key = cert_of(keys, "daemon.key"), t1 = cert_of(keys, "t1.key_secret");
+    omv_cert_t stranger = cert_of(other, "stranger.key_secret");
+    ck_assert_uint_eq(t1.roles, OMV_CERT_TRAINER);
+    snprintf(conf, sizeof(conf), "%s/omnivored.conf", test_dir);
+    FILE *f = fopen(conf, "w");
+    fprintf(f, "[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n", keys,
+            keys);
+    fclose(f);
+    write_job(2, 2, "groups = 1");
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--once",
+                    "--job",
+                    job_path,
+                    "--config",
+                    conf,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    test_dir,
+                    "--log-level",
+                    "warn",
+                    NULL};
+    pid_t d = start_daemon_argv(argv);
+
+    peer_t plain, wrong, t;
+    peer_open(&plain);
+    hello_as(&plain, OMV_ROLE_TRAINER);
+    peer_open_curve(&wrong, d_key.public_key, stranger.public_key, stranger.secret_key);
+    hello_as(&wrong, OMV_ROLE_TRAINER);
+    wait_status("refused_auth_total", 1, 10000);
+    wait_status("handshakes_failed_total", 1, 10000); /* the peer without a key */
+    ck_assert_msg(!peer_answers(&plain, 300) && !peer_answers(&wrong, 0), "a stranger got in");
+    peer_close(&wrong);
+    peer_close(&plain);
+
+    peer_open_curve(&t, d_key.public_key, t1.public_key, t1.secret_key);
+    hello_as(&t, OMV_ROLE_EVALUATOR);
+    expect_error(&t, OMV_REFUSE_AUTH);
+    hello_as(&t, OMV_ROLE_TRAINER);
+    static omv_msg_t w;
+    peer_recv(&t, &w, NULL, 0);
+    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    snprintf(cmd, sizeof(cmd), "%s/t1.key", keys);
+    ck_assert_int_eq(unlink(cmd), 0);
+    hello_as(&t, OMV_ROLE_TRAINER); /* registering again, on the same connection */
+    expect_error(&t, OMV_REFUSE_AUTH);
+    ck_assert_int_ge((int)status_field("refused_auth_total"), 3);
+    peer_close(&t);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* omnivorectl run --curve: the quickstart over CURVE, with keys it makes and removes. */
+START_TEST(test_run_over_curve)
+{
+    write_job(2, 2, "groups = 1");
+    static char json[65536];
+    int rc = run_ctl(json, sizeof(json), "--curve");
+    ck_assert_msg(rc == 0, "omnivorectl run --curve exited %d: %s", rc, json);
+    ck_assert_msg(has_text(json, "\"state\":\"done\"") && json_number(json, "test_accuracy") > 0.9,
+                  "%s", json);
+}
+END_TEST
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    Suite *s = suite_create("hostile");
+    TCase *tc = tcase_create("processes");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_oversized_frames);
+    tcase_add_test(tc, test_unread_flood);
+    tcase_add_test(tc, test_hostname_newline);
+    tcase_add_test(tc, test_heartbeat_only_member_expires);
+    tcase_add_test(tc, test_huge_gradient_refused);
+    tcase_add_test(tc, test_control_callers);
+    tcase_add_test(tc, test_honest_summary);
+    tcase_add_test(tc, test_run_fails_without_final_evaluation);
+    tcase_add_test(tc, test_curve_allow_list);
+    tcase_add_test(tc, test_run_over_curve);
+    suite_add_tcase(s, tc);
+    return omv_test_run(s);
+}
