@@ -4,7 +4,9 @@
  *   trailer: u64 bytes before the trailer, u32 CRC-32 of those bytes, "OEND".
  * Unknown section tags are skipped, so later versions can add sections without a new format.
  * The optimizer's section (tag 8) is optional; its fields are only ever appended to (its first
- * u32 counts the layout's revisions), so a reader takes the fields it knows and skips the rest. */
+ * u32 counts the layout's revisions), so a reader takes the fields it knows and skips the rest.
+ * Adam's section (tag 9, optional: jobs with Adam or AdamW write it) is u64 steps then
+ * param_count floats of second moments; checkpoints without it read as SGD's. */
 #define OMV_LOG_TAG "checkpoint"
 #include "checkpoint.h"
 
@@ -36,6 +38,8 @@ enum {
     TAG_JOB_TEXT = 6,
     TAG_MEMBERS = 7,
     TAG_OPTIMIZER = 8,
+    TAG_ADAM = 9,
+    TAG_LAST_ = TAG_ADAM,
 };
 
 /* The optimizer section: u32 layout (1); u32 phase, running, groups, phase_steps_done,
@@ -134,7 +138,7 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
     size_t members_len = c->members ? strlen(c->members) : 0;
     put(w, MAGIC, 8);
     put_u32(w, OMV_CHECKPOINT_FORMAT);
-    put_u32(w, c->opt.present ? 8 : 7);
+    put_u32(w, 7 + (c->opt.present != 0) + (c->second != NULL));
 
     section(w, TAG_META, META_BYTES);
     put_u64(w, c->seq);
@@ -171,6 +175,11 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
     put(w, c->members ? c->members : "", members_len);
     if (c->opt.present)
         write_optimizer(w, &c->opt);
+    if (c->second) {
+        section(w, TAG_ADAM, 8 + c->param_count * 4);
+        put_u64(w, c->adam_steps);
+        put(w, c->second, c->param_count * 4);
+    }
 
     uint64_t body = w->bytes;
     uint32_t crc = (uint32_t)w->crc;
@@ -541,6 +550,19 @@ static int read_section(reader_t *s, uint32_t tag, uint32_t seen, omv_checkpoint
         free(c->members);
         c->members = dup_text(s->p, slen);
         return 0;
+    case TAG_ADAM: {
+        int bad_steps = 0;
+        if (!have_meta || slen != 8 + c->param_count * 4)
+            return corrupt(err,
+                           "%s: Adam's section of %" PRIu64 " bytes for %" PRIu64 " parameters",
+                           path, slen, c->param_count);
+        c->adam_steps = get_u64(s, &bad_steps);
+        c->second = malloc(slen - 8 ? slen - 8 : 1);
+        if (c->second == NULL)
+            return corrupt(err, "%s: no memory", path);
+        memcpy(c->second, s->p, slen - 8);
+        return 0;
+    }
     case TAG_OPTIMIZER: {
         int ro = read_optimizer(s, &c->opt);
         if (ro == -ENOMEM)
@@ -573,7 +595,7 @@ static int read_sections(const unsigned char *p, const unsigned char *end, omv_c
             return corrupt(err, "%s: section %u runs past the end of the file", path, tag);
         reader_t s = {rd.p, rd.p + slen};
         rd.p += slen;
-        if (tag >= TAG_META && tag <= TAG_OPTIMIZER) {
+        if (tag >= TAG_META && tag <= TAG_LAST_) {
             if (seen & (1u << tag))
                 return corrupt(err, "%s: section %u appears twice", path, tag);
             seen |= 1u << tag;
@@ -614,6 +636,7 @@ void omv_checkpoint_fini(omv_checkpoint_t *self)
     free(self->clocks);
     free(self->params);
     free(self->velocity);
+    free(self->second);
     free(self->history);
     free(self->job_text);
     free(self->members);

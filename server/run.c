@@ -56,6 +56,16 @@ int64_t omv_run_worker_timeout_ms(const omv_run_t *r)
     return (int64_t)(r->job.worker_timeout_s * 1000);
 }
 
+/* The update rule for the next update: the one in force, with the learning rate where the
+ * job's schedule has it now. */
+static omv_sgd_t current_rule(const omv_run_t *r)
+{
+    omv_sgd_t u = r->sgd;
+    u.learning_rate =
+        (float)(u.learning_rate * omv_job_lr_factor(&r->job, omv_run_epoch(r), r->steps_total));
+    return u;
+}
+
 static omv_timeline_now_t timeline_now(const omv_run_t *r)
 {
     return (omv_timeline_now_t){
@@ -66,7 +76,7 @@ static omv_timeline_now_t timeline_now(const omv_run_t *r)
         .images_seen = r->images_total + omv_tuner_probe_images(r->tuner),
         .groups = omv_groups_count(r->groups),
         .momentum = r->sgd.momentum,
-        .learning_rate = r->sgd.learning_rate,
+        .learning_rate = current_rule(r).learning_rate,
         .probing = omv_tuner_probing(r->tuner),
     };
 }
@@ -78,7 +88,7 @@ static void tuner_poll(omv_run_t *r)
     if (r->state != JOB_RUNNING)
         return;
     omv_reconfig_t rc;
-    if (omv_tuner_poll(r->tuner, omv_time_s(), &r->reconfig, r->sgd.weight_decay, &rc))
+    if (omv_tuner_poll(r->tuner, omv_time_s(), &r->reconfig, &r->sgd, &rc))
         omv_reconfig_merge(&r->reconfig, &rc);
 }
 
@@ -96,7 +106,7 @@ static void tuner_membership(omv_run_t *r)
 static void on_apply(void *ctx, uint32_t group, uint32_t shard)
 {
     omv_run_t *r = ctx;
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = r->sgd};
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = current_rule(r)};
     omv_shardset_send(r->shards, shard, &cmd, NULL, NULL);
 }
 
@@ -253,6 +263,8 @@ static int write_checkpoint(omv_run_t *r)
          * from or the phase starts. */
         v.params = r->shards->probe_params;
         v.velocity = r->shards->probe_velocity;
+        v.second = r->shards->probe_second;
+        v.adam_steps = r->shards->probe_steps[0];
     } else {
         int e = omv_shardset_gather(r->shards, 1);
         if (e < 0) {
@@ -267,6 +279,8 @@ static int write_checkpoint(omv_run_t *r)
         }
         v.params = r->shards->gather_params;
         v.velocity = r->shards->gather_velocity;
+        v.second = r->shards->gather_second;
+        v.adam_steps = r->shards->gather_steps[0];
     }
     return omv_run_ckpt_write(&r->ckpt, &v);
 }
@@ -628,7 +642,7 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .group = group,
                            .step = p->step,
                            .worker_id = omv_members_id(r->env.members, m),
-                           .sgd = r->sgd,
+                           .sgd = current_rule(r),
                            .solo = omv_groups_live(r->groups, group) == 1,
                            .wire = p->wire,
                            .weight = m->weight};
@@ -977,13 +991,31 @@ static void log_model(const omv_run_t *r)
         omv_log_info("model: %.*s", (int)(eol - line), line);
 }
 
+/* Puts a checkpoint's model and optimizer state into the shards. State written by another
+ * update rule (SGD's momentum for Adam, or Adam's moments for SGD) does not carry over: that
+ * part starts afresh. */
+static int restore_state(omv_run_t *r, const omv_checkpoint_t *c)
+{
+    int adam = r->shards->adam;
+    if (adam != (c->second != NULL)) {
+        omv_log_warn("%s holds %s state and the job trains with %s: the parameters carry over, "
+                     "the optimizer state starts afresh",
+                     r->ckpt.resumed_from, c->second ? "Adam's" : "SGD's", r->job.update_name);
+        return omv_shardset_restore(r->shards, c->params, NULL, NULL, NULL);
+    }
+    uint64_t steps[OMV_WIRE_MAX_SHARDS]; /* one count for every shard */
+    for (uint32_t s = 0; s < r->shards->n_shards; s++)
+        steps[s] = c->adam_steps;
+    return omv_shardset_restore(r->shards, c->params, c->velocity, c->second, adam ? steps : NULL);
+}
+
 /* Takes up a checkpoint of this job: model, momentum, clocks, counters, evaluations and the
  * optimizer's part. */
 static int resume(omv_run_t *r, const omv_checkpoint_t *c)
 {
     /* A run that was regrouped goes on with the groups it had. */
     omv_groups_set_count(r->groups, c->n_groups);
-    int e = omv_shardset_restore(r->shards, c->params, c->velocity);
+    int e = restore_state(r, c);
     if (e < 0)
         return e;
     for (uint32_t g = 0; g < c->n_groups; g++)
@@ -1047,7 +1079,7 @@ static int setup_model(omv_run_t *r)
     if (!r->group_images || !r->group_loss_sum || !r->group_loss_n || !r->group_planned)
         return -ENOMEM;
     r->shards = omv_shardset_new(r->env.router, r->env.refusals, &r->layout, (uint32_t)j->shards,
-                                 r->max_groups, (uint64_t)j->seed);
+                                 r->max_groups, (uint64_t)j->seed, j->update != OMV_JOB_UPDATE_SGD);
     if (r->shards == NULL)
         return -errno;
     omv_groups_events_t ev = {on_apply, on_advance, on_retire, r};
@@ -1055,7 +1087,16 @@ static int setup_model(omv_run_t *r)
         omv_groups_new(r->n_slots, (uint32_t)j->groups, r->shards->n_shards, j->staleness, &ev);
     if (r->groups == NULL)
         return -ENOMEM;
-    r->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
+    r->sgd = (omv_sgd_t){
+        .learning_rate = (float)j->learning_rate,
+        .momentum = (float)(j->update == OMV_UPDATE_SGD ? j->momentum : j->beta1),
+        .weight_decay = (float)j->weight_decay,
+        .kind = j->update == OMV_JOB_UPDATE_ADAMW  ? OMV_UPDATE_ADAMW
+                : j->update == OMV_JOB_UPDATE_ADAM ? OMV_UPDATE_ADAM
+                                                   : OMV_UPDATE_SGD,
+        .beta2 = j->beta2,
+        .epsilon = (float)j->epsilon,
+    };
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
                  "%u per worker step; parameters and gradients travel as %s",
                  j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,

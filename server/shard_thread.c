@@ -245,6 +245,37 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
     reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, &payload);
 }
 
+/* Copies the shard's range of the model and its optimizer state into the whole-model arrays the
+ * command names. */
+static void gather(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd)
+{
+    const omv_shard_t *sh = self->shard;
+    size_t bytes = sh->count * sizeof(float);
+    if (cmd->params_dst)
+        memcpy(cmd->params_dst + sh->offset, sh->params, bytes);
+    if (cmd->velocity_dst)
+        memcpy(cmd->velocity_dst + sh->offset, sh->velocity, bytes);
+    if (cmd->second_dst && sh->second)
+        memcpy(cmd->second_dst + sh->offset, sh->second, bytes);
+    if (cmd->steps_dst)
+        cmd->steps_dst[self->index] = sh->steps;
+}
+
+/* The other way: the shard's range from the whole-model arrays the command names. */
+static void restore(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd)
+{
+    omv_shard_t *sh = self->shard;
+    size_t bytes = sh->count * sizeof(float);
+    if (cmd->params_src)
+        memcpy(sh->params, cmd->params_src + sh->offset, bytes);
+    if (cmd->velocity_src)
+        memcpy(sh->velocity, cmd->velocity_src + sh->offset, bytes);
+    if (cmd->second_src && sh->second)
+        memcpy(sh->second, cmd->second_src + sh->offset, bytes);
+    if (cmd->steps_src)
+        sh->steps = cmd->steps_src[self->index];
+}
+
 /* Runs one command (the payload, if any, is taken). Returns 1 for QUIT, else 0. */
 static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                   size_t peer_len, omv_payload_t *payload)
@@ -279,17 +310,11 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
         on_serve(self, cmd, peer, peer_len);
         break;
     case OMV_SHARD_CMD_GATHER:
-        if (cmd->params_dst)
-            memcpy(cmd->params_dst + sh->offset, sh->params, sh->count * sizeof(float));
-        if (cmd->velocity_dst)
-            memcpy(cmd->velocity_dst + sh->offset, sh->velocity, sh->count * sizeof(float));
+        gather(self, cmd);
         reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
         break;
     case OMV_SHARD_CMD_RESTORE:
-        if (cmd->params_src)
-            memcpy(sh->params, cmd->params_src + sh->offset, sh->count * sizeof(float));
-        if (cmd->velocity_src)
-            memcpy(sh->velocity, cmd->velocity_src + sh->offset, sh->count * sizeof(float));
+        restore(self, cmd);
         self->version++; /* snapshots of the old parameters must not answer pulls */
         reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
         break;

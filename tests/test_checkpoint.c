@@ -337,6 +337,12 @@ static void make(omv_checkpoint_t *c, uint64_t seq, uint64_t param_count, uint32
         c->params[i] = any_float(&rng);
         c->velocity[i] = any_float(&rng);
     }
+    /* Adam's state: second moments and its step count. */
+    c->second = malloc((param_count ? param_count : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(c->second);
+    for (uint64_t i = 0; i < param_count; i++)
+        c->second[i] = (float)omv_rng_uniform(&rng);
+    c->adam_steps = (UINT64_C(1) << 36) + seed;
     const float special[] = {-0.0f, FLT_MIN, FLT_MAX, -FLT_MAX, FLT_TRUE_MIN, 1.0f / 3.0f};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(special) && i < param_count; i++)
         c->params[i] = special[i];
@@ -398,6 +404,12 @@ static void assert_same(const omv_checkpoint_t *got, const omv_checkpoint_t *wan
                   "parameters differ");
     ck_assert_msg(memcmp(got->velocity, want->velocity, want->param_count * sizeof(float)) == 0,
                   "momentum differs");
+    ck_assert_int_eq(got->second != NULL, want->second != NULL);
+    if (want->second) {
+        ck_assert_msg(memcmp(got->second, want->second, want->param_count * sizeof(float)) == 0,
+                      "Adam's second moments differ");
+        ck_assert_uint_eq(got->adam_steps, want->adam_steps);
+    }
     ck_assert_mem_eq(&got->learning_rate, &want->learning_rate, sizeof(double));
     ck_assert_mem_eq(&got->momentum, &want->momentum, sizeof(double));
     ck_assert_mem_eq(&got->weight_decay, &want->weight_decay, sizeof(double));
@@ -510,9 +522,12 @@ END_TEST
 
 START_TEST(test_roundtrip_without_optional_parts)
 {
-    /* No job text, no members, no evaluations yet, no optimizer; ret_path may be left out. */
+    /* No job text, no members, no evaluations yet, no optimizer, no Adam state (SGD's, as every
+     * checkpoint before Adam was); ret_path may be left out. */
     omv_checkpoint_t want, got;
     make(&want, 1, 5, 1, 0, 2);
+    free(want.second);
+    want.second = NULL;
     free(want.job_text);
     free(want.members);
     want.job_text = want.members = NULL;
@@ -526,6 +541,8 @@ START_TEST(test_roundtrip_without_optional_parts)
     ck_assert_msg(r == 0, "read: %d %s", r, err);
     assert_same(&got, &want);
     ck_assert_uint_eq(got.n_history, 0);
+    ck_assert_ptr_null(got.second);
+    ck_assert_uint_eq(got.adam_steps, 0);
     omv_checkpoint_fini(&got);
     omv_checkpoint_fini(&want);
 }
@@ -881,6 +898,8 @@ START_TEST(test_optimizer_section_is_optional)
     make(&want, 1, 4, 2, 0, 3);
     free(want.opt.phases);
     memset(&want.opt, 0, sizeof(want.opt));
+    free(want.second); /* an SGD job's */
+    want.second = NULL;
     write_ok(&want, dir);
     size_t len;
     unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
@@ -910,6 +929,7 @@ START_TEST(test_optimizer_section_is_optional)
     ck_assert_int_eq(omv_checkpoint_read(&got, ckpt_path(dir, 2), err), 0);
     ck_assert_uint_eq(got.opt.present, 0);
     ck_assert_uint_eq(got.clocks[1], 6);
+    ck_assert_ptr_null(got.second); /* written before Adam: SGD's state */
     omv_checkpoint_fini(&got);
 }
 END_TEST
