@@ -15,6 +15,7 @@ int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t c
     self->params = params;
     self->offset = offset;
     self->count = count;
+    self->trained = count;
     self->n_groups = n_groups;
     self->velocity = calloc(count ? count : 1, sizeof(float));
     self->pending = calloc(n_groups ? n_groups : 1, sizeof(float *));
@@ -33,6 +34,14 @@ void omv_shard_fini(omv_shard_t *self)
     free(self->second);
     free(self->pending);
     memset(self, 0, sizeof(*self));
+}
+
+void omv_shard_set_state(omv_shard_t *self, size_t state_offset)
+{
+    size_t end = (size_t)self->offset + self->count;
+    self->trained = state_offset <= self->offset ? 0
+                    : state_offset >= end        ? self->count
+                                                 : (uint32_t)(state_offset - self->offset);
 }
 
 int omv_shard_use_adam(omv_shard_t *self)
@@ -182,15 +191,33 @@ static int is_adam(const omv_shard_t *self, const omv_sgd_t *u)
     return 1;
 }
 
+/* The state at the shard's end (from `trained` on: batch norm's running statistics) is not
+ * trained: it takes the value the group's members sent, their mean. */
+HOT static void state_mean(float *restrict w, float *restrict sum, size_t n, float inv)
+{
+    for (size_t i = 0; i < n; i++) {
+        w[i] = sum[i] * inv;
+        sum[i] = 0.0f;
+    }
+}
+
+static void state_one_bf16(float *restrict w, const unsigned char *restrict v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = widen(v, i);
+}
+
 void omv_shard_apply_one_bf16(omv_shard_t *self, const void *grad16, const omv_sgd_t *sgd)
 {
-    if (is_adam(self, sgd)) {
-        adam_step_one_bf16(self->params, self->velocity, self->second, grad16, self->count,
+    size_t n = self->trained;
+    const unsigned char *g = grad16;
+    state_one_bf16(self->params + n, g + 2 * n, self->count - n);
+    if (is_adam(self, sgd))
+        adam_step_one_bf16(self->params, self->velocity, self->second, g, n,
                            adam_consts(sgd, ++self->steps));
-        return;
-    }
-    sgd_step_one_bf16(self->params, self->velocity, grad16, self->count, sgd->learning_rate,
-                      sgd->momentum, sgd->weight_decay);
+    else
+        sgd_step_one_bf16(self->params, self->velocity, g, n, sgd->learning_rate, sgd->momentum,
+                          sgd->weight_decay);
 }
 
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16)
@@ -206,13 +233,14 @@ int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *gra
 
 void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd)
 {
-    if (is_adam(self, sgd)) {
-        adam_step_one(self->params, self->velocity, self->second, grad, self->count,
+    size_t n = self->trained;
+    memcpy(self->params + n, grad + n, (self->count - n) * sizeof(float));
+    if (is_adam(self, sgd))
+        adam_step_one(self->params, self->velocity, self->second, grad, n,
                       adam_consts(sgd, ++self->steps));
-        return;
-    }
-    sgd_step_one(self->params, self->velocity, grad, self->count, sgd->learning_rate, sgd->momentum,
-                 sgd->weight_decay);
+    else
+        sgd_step_one(self->params, self->velocity, grad, n, sgd->learning_rate, sgd->momentum,
+                     sgd->weight_decay);
 }
 
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
@@ -235,13 +263,15 @@ void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors, c
         memset(sum, 0, self->count * sizeof(float));
         return;
     }
-    if (is_adam(self, sgd)) {
-        adam_step(self->params, self->velocity, self->second, sum, self->count,
-                  1.0f / (float)contributors, adam_consts(sgd, ++self->steps));
-        return;
-    }
-    sgd_step(self->params, self->velocity, sum, self->count, 1.0f / (float)contributors,
-             sgd->learning_rate, sgd->momentum, sgd->weight_decay);
+    size_t n = self->trained;
+    float inv = 1.0f / (float)contributors;
+    state_mean(self->params + n, sum + n, self->count - n, inv);
+    if (is_adam(self, sgd))
+        adam_step(self->params, self->velocity, self->second, sum, n, inv,
+                  adam_consts(sgd, ++self->steps));
+    else
+        sgd_step(self->params, self->velocity, sum, n, inv, sgd->learning_rate, sgd->momentum,
+                 sgd->weight_decay);
 }
 
 void omv_shard_discard(omv_shard_t *self, uint32_t group)

@@ -4,10 +4,15 @@
  * group's gradients, is SGD with momentum and weight decay, Adam, or AdamW (PyTorch's forms). */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
     uint32_t offset, count; /* range in the flat parameter vector */
+    uint32_t trained;       /* values [0, trained) are trained by the update rule; the rest are
+                             * state (batch norm's running statistics) that takes the mean of
+                             * the values the members send in the gradient's place
+                             * (omv_shard_set_state; count without state) */
     uint32_t n_groups;
     float *params;   /* [count], borrowed: a view into the daemon's model */
     float *velocity; /* [count] SGD's momentum buffer; Adam's first moment */
@@ -39,6 +44,9 @@ typedef struct {
 int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t count,
                    uint32_t n_groups);
 void omv_shard_fini(omv_shard_t *self);
+/* The model's state (untrained values) begins at state_offset of the flat vector: this shard's
+ * share of it is set apart from the update rule. */
+void omv_shard_set_state(omv_shard_t *self, size_t state_offset);
 /* Makes room for Adam's second moment (zero, with no steps taken): needed before an update of
  * kind ADAM or ADAMW is applied. Returns 0 or -ENOMEM. */
 int omv_shard_use_adam(omv_shard_t *self);
@@ -56,7 +64,8 @@ int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *gra
  *   Adam:  g += weight_decay * w (ADAMW instead: w *= 1 - learning_rate * weight_decay);
  *          t = ++steps;  m = b1 * m + (1 - b1) * g;  s = b2 * s + (1 - b2) * g * g;
  *          w -= learning_rate * (m / (1 - b1^t)) / (sqrt(s / (1 - b2^t)) + epsilon)
- * with m in velocity, s in second, b1 = momentum, b2 = beta2. */
+ * with m in velocity, s in second, b1 = momentum, b2 = beta2. State values (from `trained` on)
+ * become the mean of the values sent instead: w = sum / contributors. */
 void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
                      const omv_sgd_t *sgd);
 

@@ -63,6 +63,8 @@ omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
         uint32_t off = self->offsets[s];
         r = omv_shard_init(&self->shards[s], self->params + off, off, self->offsets[s + 1] - off,
                            max_groups);
+        if (r == 0)
+            omv_shard_set_state(&self->shards[s], layout->state_offset);
         if (r == 0 && adam)
             r = omv_shard_use_adam(&self->shards[s]);
         if (r < 0)

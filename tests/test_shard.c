@@ -733,6 +733,55 @@ START_TEST(test_adam_state_restores_and_bf16)
 }
 END_TEST
 
+START_TEST(test_state_takes_the_mean)
+{
+    /* A shard over values 4..8 of a model whose state (batch norm's running statistics) begins
+     * at 6: values 4 and 5 are trained by SGD, 6 and 7 become the mean of what the members
+     * sent, untouched by momentum, decay or Adam. */
+    enum { N = 4 };
+    float model[8] = {0, 0, 0, 0, 1.0f, 2.0f, 5.0f, 5.0f};
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, model + 4, 4, N, 1), 0);
+    omv_shard_set_state(&sh, 6);
+    ck_assert_uint_eq(sh.trained, 2);
+    const omv_sgd_t sgd = {.learning_rate = 0.5f, .momentum = 0.9f, .weight_decay = 0.5f};
+    const float a[N] = {1.0f, 0.0f, 0.25f, 3.0f}, b[N] = {3.0f, 2.0f, 0.75f, 1.0f};
+    omv_shard_accumulate(&sh, 0, a);
+    omv_shard_accumulate(&sh, 0, b);
+    omv_shard_apply(&sh, 0, 2, &sgd);
+    /* w0: g = 2 + 0.5 = 2.5, w = 1 - 1.25; w1: g = 1 + 1 = 2, w = 2 - 1. */
+    ck_assert_float_eq(model[4], -0.25f);
+    ck_assert_float_eq(model[5], 1.0f);
+    ck_assert_float_eq(model[6], 0.5f);
+    ck_assert_float_eq(model[7], 2.0f);
+    ck_assert_float_eq(sh.velocity[2], 0.0f);
+    /* A group of one: the state is what it sent, in fp32 and in bf16 (exact for these). */
+    const float c[N] = {0.0f, 0.0f, 0.375f, -4.0f};
+    omv_shard_apply_one(&sh, c, &sgd);
+    ck_assert_float_eq(model[6], 0.375f);
+    ck_assert_float_eq(model[7], -4.0f);
+    uint16_t c16[N];
+    const float d[N] = {0.0f, 0.0f, 1.5f, 0.125f};
+    omv_bf16_from_f32(c16, d, N);
+    ck_assert_int_eq(omv_shard_use_adam(&sh), 0);
+    const omv_sgd_t adam = {.learning_rate = 0.1f,
+                            .momentum = 0.9f,
+                            .kind = OMV_UPDATE_ADAM,
+                            .beta2 = 0.999,
+                            .epsilon = 1e-8f};
+    omv_shard_apply_one_bf16(&sh, c16, &adam);
+    ck_assert_float_eq(model[6], 1.5f);
+    ck_assert_float_eq(model[7], 0.125f);
+    ck_assert_float_eq(sh.second[3], 0.0f);
+    /* A shard wholly before or after the state. */
+    omv_shard_set_state(&sh, 100);
+    ck_assert_uint_eq(sh.trained, N);
+    omv_shard_set_state(&sh, 2);
+    ck_assert_uint_eq(sh.trained, 0);
+    omv_shard_fini(&sh);
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -746,6 +795,7 @@ static Suite *shard_suite(void)
     tcase_add_test(tc, test_apply_one_is_sum_and_apply);
     tcase_add_test(tc, test_adam_by_hand);
     tcase_add_test(tc, test_adamw_by_hand);
+    tcase_add_test(tc, test_state_takes_the_mean);
     suite_add_tcase(s, tc);
     TCase *th = tcase_create("thread");
     tcase_add_test(th, test_start_stop);
