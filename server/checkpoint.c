@@ -6,7 +6,8 @@
  * The optimizer's section (tag 8) is optional; its fields are only ever appended to (its first
  * u32 counts the layout's revisions), so a reader takes the fields it knows and skips the rest.
  * Adam's section (tag 9, optional: jobs with Adam or AdamW write it) is u64 steps then
- * param_count floats of second moments; checkpoints without it read as SGD's. */
+ * param_count floats of second moments; checkpoints without it read as SGD's. The model
+ * definition's text (tag 10, optional, for export) is the last section. */
 #define OMV_LOG_TAG "checkpoint"
 #include "checkpoint.h"
 
@@ -39,7 +40,8 @@ enum {
     TAG_MEMBERS = 7,
     TAG_OPTIMIZER = 8,
     TAG_ADAM = 9,
-    TAG_LAST_ = TAG_ADAM,
+    TAG_MODEL_TEXT = 10,
+    TAG_LAST_ = TAG_MODEL_TEXT,
 };
 
 /* The optimizer section: u32 layout (1); u32 phase, running, groups, phase_steps_done,
@@ -138,7 +140,7 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
     size_t members_len = c->members ? strlen(c->members) : 0;
     put(w, MAGIC, 8);
     put_u32(w, OMV_CHECKPOINT_FORMAT);
-    put_u32(w, 7 + (c->opt.present != 0) + (c->second != NULL));
+    put_u32(w, 7 + (c->opt.present != 0) + (c->second != NULL) + (c->model_text != NULL));
 
     section(w, TAG_META, META_BYTES);
     put_u64(w, c->seq);
@@ -179,6 +181,11 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
         section(w, TAG_ADAM, 8 + c->param_count * 4);
         put_u64(w, c->adam_steps);
         put(w, c->second, c->param_count * 4);
+    }
+    if (c->model_text) {
+        size_t model_len = strlen(c->model_text);
+        section(w, TAG_MODEL_TEXT, model_len);
+        put(w, c->model_text, model_len);
     }
 
     uint64_t body = w->bytes;
@@ -550,6 +557,10 @@ static int read_section(reader_t *s, uint32_t tag, uint32_t seen, omv_checkpoint
         free(c->members);
         c->members = dup_text(s->p, slen);
         return 0;
+    case TAG_MODEL_TEXT:
+        free(c->model_text);
+        c->model_text = dup_text(s->p, slen);
+        return c->model_text ? 0 : corrupt(err, "%s: no memory", path);
     case TAG_ADAM: {
         int bad_steps = 0;
         if (!have_meta || slen != 8 + c->param_count * 4)
@@ -640,6 +651,7 @@ void omv_checkpoint_fini(omv_checkpoint_t *self)
     free(self->history);
     free(self->job_text);
     free(self->members);
+    free(self->model_text);
     free(self->opt.phases);
     memset(self, 0, sizeof(*self));
 }

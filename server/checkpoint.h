@@ -55,6 +55,7 @@ typedef struct {
     uint32_t n_history;
     char *job_text;           /* the job file as it was (NUL-terminated); may be NULL */
     char *members;            /* one line per live worker: "id host pid group"; may be NULL */
+    char *model_text;         /* the model definition the job ran (optional section); may be NULL */
     omv_checkpoint_opt_t opt; /* written when opt.present */
 } omv_checkpoint_t;
 

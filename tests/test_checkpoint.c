@@ -359,6 +359,7 @@ static void make(omv_checkpoint_t *c, uint64_t seq, uint64_t param_count, uint32
     }
     c->job_text = dup_or_die("# a job\n[model]\nlayers = 784 100 10\n\n[train]\nepochs = 3\n");
     c->members = dup_or_die("1 host-a 1234 0\n2 h\xc3\xb6st-b 99 1\n");
+    c->model_text = dup_or_die("input 784\nfc 100\nrelu\nfc 10\n");
     /* The optimizer in phase 3, with the phases before it. */
     omv_checkpoint_opt_t *o = &c->opt;
     o->present = 1;
@@ -419,6 +420,7 @@ static void assert_same(const omv_checkpoint_t *got, const omv_checkpoint_t *wan
     /* A missing text is written as empty; either reading of it is the same to the daemon. */
     ck_assert_str_eq(text_or_empty(got->job_text), text_or_empty(want->job_text));
     ck_assert_str_eq(text_or_empty(got->members), text_or_empty(want->members));
+    ck_assert_str_eq(text_or_empty(got->model_text), text_or_empty(want->model_text));
     ck_assert_uint_eq(got->opt.present, want->opt.present);
     if (!want->opt.present)
         return;
@@ -528,6 +530,8 @@ START_TEST(test_roundtrip_without_optional_parts)
     make(&want, 1, 5, 1, 0, 2);
     free(want.second);
     want.second = NULL;
+    free(want.model_text);
+    want.model_text = NULL;
     free(want.job_text);
     free(want.members);
     want.job_text = want.members = NULL;
@@ -898,8 +902,10 @@ START_TEST(test_optimizer_section_is_optional)
     make(&want, 1, 4, 2, 0, 3);
     free(want.opt.phases);
     memset(&want.opt, 0, sizeof(want.opt));
-    free(want.second); /* an SGD job's */
+    free(want.second); /* an SGD job's, without its model text */
     want.second = NULL;
+    free(want.model_text);
+    want.model_text = NULL;
     write_ok(&want, dir);
     size_t len;
     unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
