@@ -27,7 +27,7 @@ static const struct {
     omv_ctl_command_fn fn;
 } local_commands[] = {
     {"run", omv_ctl_run}, {"watch", omv_ctl_watch},   {"report", omv_ctl_report},
-    {"help", cmd_help},   {"submit", omv_ctl_submit},
+    {"help", cmd_help},   {"submit", omv_ctl_submit}, {"export", omv_ctl_export},
 };
 
 /* What a daemon command takes besides --json. */

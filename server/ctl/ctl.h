@@ -50,5 +50,8 @@ int omv_ctl_write_report(const char *sock, const char *dir, const char *base, in
  * starts its own daemon, so sock is not used. */
 int omv_ctl_run(const char *sock, int argc, char **argv, int json);
 
+/* ctl_export.c: export CHECKPOINT|JOB.ini --out FILE [--state-dir DIR]; reads files only. */
+int omv_ctl_export(const char *sock, int argc, char **argv, int json);
+
 /* ctl_watch.c: watch [--interval S] [--count N] [COMMAND] [--json] */
 int omv_ctl_watch(const char *sock, int argc, char **argv, int json);
