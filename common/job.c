@@ -32,6 +32,10 @@ const omv_config_entry_t omv_job_table[] = {
     {"model", "definition", STR(definition), NULL, 0, 0, 0,
      "a model definition file, one layer per line (relative to the job file); empty when "
      "layers is set"},
+    {"model", "init", STR(init), "", 0, 0, 0,
+     "start from these weights, a safetensors file as omnivorectl export writes (relative to "
+     "the job file; empty: random initialisation from the seed); a tensor missing or of "
+     "another shape is refused by name"},
     {"data", "train_images", STR(train_images), FMNIST "train-images-idx3-ubyte.gz", 0, 0, 0,
      "IDX images, raw or gzipped"},
     {"data", "train_labels", STR(train_labels), FMNIST "train-labels-idx1-ubyte.gz", 0, 0, 0,
@@ -505,8 +509,8 @@ int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, ch
     if (r < 0)
         return r;
     int layers_line = key_line(lines, "model", "layers");
-    char *paths[] = {job.train_images, job.train_labels, job.test_images, job.test_labels,
-                     job.definition};
+    char *paths[] = {job.train_images, job.train_labels, job.test_images,
+                     job.test_labels,  job.definition,   job.init};
     if (strcmp(job.data_format, "cifar10") == 0) {
         r = resolve_list(job.train_images, OMV_JOB_PATH_MAX, path);
         if (r == 0)

@@ -34,6 +34,7 @@ typedef struct {
      * layers; model_name names it in messages. */
     char model_text[OMV_JOB_MODEL_TEXT_MAX];
     char model_name[OMV_JOB_PATH_MAX];
+    char init[OMV_JOB_PATH_MAX]; /* a safetensors file to start from (empty: random init) */
     /* [data] */
     char train_images[OMV_JOB_PATH_MAX];
     char train_labels[OMV_JOB_PATH_MAX];

@@ -11,6 +11,7 @@
 
 #include "dataset.h"
 #include "log.h"
+#include "safetensors.h"
 #include "util.h"
 
 const char *const omv_run_state_names[] = {"waiting", "running", "finishing", "done",
@@ -1054,6 +1055,23 @@ static int setup_checkpoints(omv_run_t *r)
     return e < 0 ? e : 0;
 }
 
+/* [model] init: the job starts from a safetensors file's weights (its optimizer state fresh).
+ * A checkpoint to resume from comes after and wins. Returns 0 or -EINVAL (logged). */
+static int load_init(omv_run_t *r)
+{
+    char err[OMV_SAFETENSORS_ERR_MAX];
+    float *w = malloc(r->layout.param_count * sizeof(float));
+    int e = w ? omv_safetensors_read(r->job.init, &r->layout, w, err) : -ENOMEM;
+    if (e == 0)
+        e = omv_shardset_restore(r->shards, w, NULL, NULL, NULL);
+    else
+        omv_log_error("[model] init: %s", w ? err : "out of memory");
+    free(w);
+    if (e == 0)
+        omv_log_info("model initialised from %s", r->job.init);
+    return e < 0 ? -EINVAL : 0;
+}
+
 /* The model, its shards, the groups and the per-group sums. */
 static int setup_model(omv_run_t *r)
 {
@@ -1082,6 +1100,8 @@ static int setup_model(omv_run_t *r)
                                  r->max_groups, (uint64_t)j->seed, j->update != OMV_JOB_UPDATE_SGD);
     if (r->shards == NULL)
         return -errno;
+    if (j->init[0] && load_init(r) < 0)
+        return -EINVAL;
     omv_groups_events_t ev = {on_apply, on_advance, on_retire, r};
     r->groups =
         omv_groups_new(r->n_slots, (uint32_t)j->groups, r->shards->n_shards, j->staleness, &ev);
