@@ -46,6 +46,11 @@ const omv_config_entry_t omv_job_table[] = {
      "IDX test labels"},
     {"data", "train_limit", INT(train_limit), "0", 0, 1e9, 0,
      "use only the first N training images (0: all)"},
+    {"data", "augment_pad", INT(augment_pad), "0", 0, 16, 0,
+     "training only: pad each image with this many zero pixels on every side and crop it back "
+     "at a random place, drawn anew every pass from the seed (0: off; 4 is usual for 28x28)"},
+    {"data", "augment_flip", BOOL(augment_flip), "no", 0, 1, 0,
+     "training only: flip half the images left to right, drawn anew every pass"},
     {"data", "format", STR(data_format), "idx", 0, 0, 0,
      "idx (images and labels files, raw or gzipped) or cifar10 (binary batches: train_images "
      "and test_images list them, comma-separated; the labels keys are unused)"},

@@ -41,6 +41,8 @@ typedef struct {
     char test_images[OMV_JOB_PATH_MAX];
     char test_labels[OMV_JOB_PATH_MAX];
     int64_t train_limit;  /* use only the first N training images; 0: all */
+    int64_t augment_pad;  /* training: random crop after zero padding by this many pixels */
+    int augment_flip;     /* training: flip half the images left to right */
     char data_format[16]; /* idx or cifar10 */
     char wire_name[8];    /* [cluster] wire: fp32 or bf16 */
     int wire;             /* OMV_WIRE_* (wire.h), from wire_name once validated */

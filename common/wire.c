@@ -128,6 +128,8 @@ static void encode_jobspec(const omv_jobspec_t *j, Omnivore__JobSpec *out)
     out->mean = (float *)j->mean;
     out->n_std = j->n_std;
     out->std = (float *)j->std;
+    out->augment_pad = j->augment_pad;
+    out->augment_flip = j->augment_flip != 0;
     out->train_images = (char *)j->train_images;
     out->train_labels = (char *)j->train_labels;
     out->test_images = (char *)j->test_images;
@@ -321,6 +323,10 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
     memcpy(out->mean, j->mean, j->n_mean * sizeof(float));
     out->n_std = (uint32_t)j->n_std;
     memcpy(out->std, j->std, j->n_std * sizeof(float));
+    if (j->augment_pad > OMV_WIRE_MAX_AUGMENT_PAD)
+        FAIL("augment_pad %u is over %d", j->augment_pad, OMV_WIRE_MAX_AUGMENT_PAD);
+    out->augment_pad = j->augment_pad;
+    out->augment_flip = j->augment_flip;
     out->n_shards = (uint32_t)j->n_shard_offsets - 1;
     memcpy(out->shard_offsets, j->shard_offsets, j->n_shard_offsets * sizeof(uint32_t));
     for (uint32_t i = 0; i < out->n_shards; i++)

@@ -835,6 +835,8 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
     j->n_mean = job->n_mean, j->n_std = job->n_std;
     memcpy(j->mean, job->mean, sizeof(j->mean));
     memcpy(j->std, job->std, sizeof(j->std));
+    j->augment_pad = (uint32_t)job->augment_pad;
+    j->augment_flip = (uint32_t)job->augment_flip;
     omv_strlcpy(j->train_images, job->train_images, sizeof(j->train_images));
     omv_strlcpy(j->train_labels, job->train_labels, sizeof(j->train_labels));
     omv_strlcpy(j->test_images, job->test_images, sizeof(j->test_images));
