@@ -1124,6 +1124,12 @@ static int setup_model(omv_run_t *r)
                  j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,
                  r->shards->n_shards, r->train_count, r->worker_batch,
                  j->wire == OMV_WIRE_BF16 ? "bf16" : "fp32");
+    int bn = r->layout.state_offset < r->layout.param_count;
+    omv_log_info("update rule %s: learning rate %g (schedule %s, warmup %lld updates), %s %g, "
+                 "weight decay %g%s",
+                 j->update_name, j->learning_rate, j->schedule_name, (long long)j->warmup_steps,
+                 j->update == OMV_JOB_UPDATE_SGD ? "momentum" : "beta1", (double)r->sgd.momentum,
+                 j->weight_decay, bn ? "; batch norm statistics: each group's mean" : "");
     return 0;
 }
 
