@@ -951,6 +951,19 @@ void omv_run_cron(omv_run_t *r)
 
 /* ---- making and freeing ---- */
 
+/* [model] init must read into the model, so that a job that cannot start is refused when it is
+ * submitted. */
+static int check_init(const omv_job_t *j, const omv_model_layout_t *layout, char *err)
+{
+    float *w = malloc((layout->param_count ? layout->param_count : 1) * sizeof(float));
+    char why[OMV_SAFETENSORS_ERR_MAX];
+    int r = w ? omv_safetensors_read(j->init, layout, w, why) : -ENOMEM;
+    free(w);
+    if (r < 0)
+        snprintf(err, OMV_CONFIG_ERR_MAX, "[model] init: %s", r == -ENOMEM ? "no memory" : why);
+    return r;
+}
+
 int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
                       char *err)
 {
@@ -978,6 +991,8 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
     }
     omv_model_layout_t layout;
     if (omv_model_parse(&layout, j->model_text, j->model_name, err) < 0)
+        return -EINVAL;
+    if (j->init[0] && check_init(j, &layout, err) < 0)
         return -EINVAL;
     if (ret_train_count)
         *ret_train_count = count;
