@@ -485,21 +485,6 @@ static int key_line(const int *lines, const char *section, const char *key)
     return 0;
 }
 
-/* momentum set for Adam is a mistake worth saying: Adam reads beta1 instead. (Adam's keys beside
- * SGD are left alone: the example jobs document every key.) */
-static int check_rule_keys(const omv_job_t *job, const char *path, const int *lines, char *err)
-{
-    int line = key_line(lines, "train", "momentum");
-    if (job->update != OMV_JOB_UPDATE_SGD && line > 0) {
-        snprintf(err, OMV_CONFIG_ERR_MAX,
-                 "%s:%d: [train] momentum: optimizer = %s reads beta1 instead (the optimizer "
-                 "tunes it as momentum); set beta1",
-                 path, line, job->update_name);
-        return -EINVAL;
-    }
-    return 0;
-}
-
 int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err)
 {
     omv_job_t job;
@@ -536,8 +521,6 @@ int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, ch
     if (r < 0)
         return r;
     r = omv_job_validate(&job, path, err);
-    if (r == 0)
-        r = check_rule_keys(&job, path, lines, err);
     if (r < 0)
         return r;
     *ret_job = job;

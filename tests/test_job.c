@@ -411,9 +411,6 @@ START_TEST(test_update_rules)
     ck_assert_double_eq(job.epsilon, 1e-6);
     const char *bad_name[] = {path, "[train] optimizer", "'rmsprop'", NULL};
     assert_refused("[model]\nlayers = 4 2\n[train]\noptimizer = rmsprop\n", bad_name);
-    /* A key the rule would not read is named with its line. */
-    const char *momentum[] = {at(5), "momentum", "beta1", NULL};
-    assert_refused("[model]\nlayers = 4 2\n[train]\noptimizer = adam\nmomentum = 0.5\n", momentum);
 }
 END_TEST
 
