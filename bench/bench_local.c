@@ -49,7 +49,7 @@ int main(int argc, char **argv)
         omv_model_init(l, params, 1);
         omv_shard_t shard;
         omv_shard_init(&shard, params, 0, (uint32_t)l->param_count, 1);
-        omv_sgd_t sgd = {0.01f, 0.9f, 0.0f};
+        omv_sgd_t sgd = {.learning_rate = 0.01f, .momentum = 0.9f};
         omv_rng_t rng;
         omv_rng_init(&rng, 3);
         /* 5 repeats of `steps` steps after a warm-up; the median repeat counts. */

@@ -4,7 +4,7 @@
  * Thread use is compared both ways: BLAS threads on the whole batch (blas), and the engine's
  * batch split across threads, each with its own buffers and one BLAS thread (split). Prints a
  * table, then all figures as one JSON object on the last line. bench_net [--reps N] [--rep-seconds
- * S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn]
+ * S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn,resnet]
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,11 +19,18 @@
 #include "strbuf.h"
 #include "util.h"
 
-/* The models of examples/fashion-mlp.ini and examples/fashion-cnn.model. */
+/* The models of examples/fashion-mlp.ini, examples/fashion-cnn.model and
+ * examples/fashion-resnet.model. */
 static const char *const mlp_text = "input 784\nfc 256\nrelu\nfc 10\n";
 static const char *const cnn_text = "input 1x28x28\nconv 32 5x5 pad 2\nrelu\nmaxpool 2\n"
                                     "conv 64 5x5 pad 2\nrelu\nmaxpool 2\nflatten\nfc 256\n"
                                     "relu\nfc 10\n";
+static const char *const resnet_text =
+    "input 1x28x28\nconv 16 3x3 pad 1\nbatchnorm\nrelu\nsave a\nconv 16 3x3 pad 1\nbatchnorm\n"
+    "relu\nconv 16 3x3 pad 1\nbatchnorm\nadd a\nrelu\nmaxpool 2\nsave b\n"
+    "conv 32 3x3 stride 2 pad 1\nbatchnorm\nrelu\nconv 32 3x3 pad 1\nbatchnorm\nadd b\nrelu\n"
+    "save c\nconv 32 3x3 pad 1\nbatchnorm\nrelu\nconv 32 3x3 pad 1\nbatchnorm\nadd c\nrelu\n"
+    "globalavgpool\nfc 10\n";
 
 #define MAX_REPS 31
 
@@ -49,11 +56,11 @@ static double layer_flops(const omv_model_layer_t *l, uint32_t batch, int first)
     double rows;
     if (l->kind == OMV_LAYER_FC)
         rows = batch;
-    else if (l->kind == OMV_LAYER_CONV)
-        rows = (double)batch * l->out.h * l->out.w;
+    else if (l->kind == OMV_LAYER_CONV || (l->kind == OMV_LAYER_ADD && l->w_count))
+        rows = (double)batch * l->out.h * l->out.w; /* an add: its 1x1 projection */
     else
         return 0.0;
-    return 2.0 * rows * l->fan_in * l->units * (first ? 2 : 3);
+    return 2.0 * rows * l->fan_in * l->out.c * (first ? 2 : 3);
 }
 
 /* Median GFLOP/s of square SGEMMs of size n with the current BLAS threads. */
@@ -178,7 +185,7 @@ static int parse_list(const char *s, int *v, int cap)
 int main(int argc, char **argv)
 {
     int batches[4] = {64, 256}, n_batches = 2, threads[4] = {1, 2}, n_threads = 2;
-    int want_mlp = 1, want_cnn = 1;
+    int want[3] = {1, 1, 0};
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--reps") == 0)
             reps = atoi(argv[i + 1]);
@@ -189,8 +196,9 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--threads") == 0)
             n_threads = parse_list(argv[i + 1], threads, 4);
         else if (strcmp(argv[i], "--models") == 0) {
-            want_mlp = strstr(argv[i + 1], "mlp") != NULL;
-            want_cnn = strstr(argv[i + 1], "cnn") != NULL;
+            want[0] = strstr(argv[i + 1], "mlp") != NULL;
+            want[1] = strstr(argv[i + 1], "cnn") != NULL;
+            want[2] = strstr(argv[i + 1], "resnet") != NULL;
         } else {
             fprintf(stderr, "bench_net: unknown option '%s'\n", argv[i]);
             return 2;
@@ -218,13 +226,13 @@ int main(int argc, char **argv)
     }
     omv_strbuf_printf(&json, "},\"cases\":[");
 
-    printf("\n%-5s %6s %7s %-6s %10s %9s %8s\n", "model", "batch", "threads", "mode", "images/s",
+    printf("\n%-6s %6s %7s %-6s %10s %9s %8s\n", "model", "batch", "threads", "mode", "images/s",
            "GFLOP/s", "of peak");
-    const char *names[2] = {"mlp", "cnn"};
-    const char *texts[2] = {mlp_text, cnn_text};
+    const char *names[3] = {"mlp", "cnn", "resnet"};
+    const char *texts[3] = {mlp_text, cnn_text, resnet_text};
     int first_case = 1;
-    for (int m = 0; m < 2; m++) {
-        if ((m == 0 && !want_mlp) || (m == 1 && !want_cnn))
+    for (int m = 0; m < 3; m++) {
+        if (!want[m])
             continue;
         omv_model_layout_t l;
         char err[OMV_CONFIG_ERR_MAX];
@@ -244,7 +252,7 @@ int main(int argc, char **argv)
                     run_case(&l, (uint32_t)batches[b], threads[t], split, &res);
                     int k = threads[t] < 5 ? threads[t] : 4;
                     res.fraction = res.gflops / peak[k];
-                    printf("%-5s %6u %7d %-6s %10.0f %9.1f %7.0f%%\n", res.model, res.batch,
+                    printf("%-6s %6u %7d %-6s %10.0f %9.1f %7.0f%%\n", res.model, res.batch,
                            res.threads, res.mode, res.images_per_second, res.gflops,
                            100.0 * res.fraction);
                     omv_strbuf_printf(&json,

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The same training steps in PyTorch and in omnivore's engine, case by case, side by side.
 
-For each model (the example MLP 784-256-10 and CNN), batch size and thread count it measures
+For each model (the example MLP 784-256-10, CNN and residual network), batch size and thread count it measures
 PyTorch (plain SGD with momentum 0.9, softmax cross-entropy, random inputs, median images/s of
 repeats after a warm-up) and then runs bench_net for the same case right after it, so that both
 figures come from the same minute of a noisy shared machine. Prints a table with the ratio
@@ -15,7 +15,7 @@ every core).
 Installs nothing: it needs Debian's python3-torch for the system python (/usr/bin/python3).
 
     bench/torch_side_by_side.py --bench build/bench/bench_net [--reps 7] [--rep-seconds 0.5]
-        [--batches 64,256] [--threads 1,2] [--models mlp,cnn] [--mode split|blas|best]
+        [--batches 64,256] [--threads 1,2] [--models mlp,cnn,resnet] [--mode split|blas|best]
 """
 import argparse
 import json
@@ -42,6 +42,13 @@ except ImportError as e:  # say so plainly: the figures need torch
 
 
 def make_model(name):
+    if name == "resnet":
+        # examples/fashion-resnet.model, built from its text as torch_check_export.py does
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from torch_check_export import Net
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "..", "examples", "fashion-resnet.model")) as f:
+            return Net(f.read()), (1, 28, 28)
     if name == "mlp":
         return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10)), (784,)
     # examples/fashion-cnn.model

@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
+#include "rng.h"
+
 #define IDX_UBYTE 0x08
 
 typedef struct {
@@ -396,6 +398,40 @@ int omv_dataset_probe_format(const char *format, const char *images_path, uint32
     return r;
 }
 
+/* One image, shifted by (dy, dx) (the crop's place in the padded image less the padding) and
+ * flipped: out(y, x) = the source at (y + dy, x' + dx), x' = flip ? cols - 1 - x : x, and the
+ * value of a zero pixel outside it. */
+static void augment_one(const omv_dataset_t *self, const uint8_t *px, float *xr, const float *mul,
+                        const float *add, int dy, int dx, int flip)
+{
+    uint32_t c = self->channels, rows = self->rows, cols = self->cols;
+    size_t plane = (size_t)rows * cols;
+    for (uint32_t yy = 0; yy < rows; yy++) {
+        int sy = (int)yy + dy;
+        for (uint32_t xx = 0; xx < cols; xx++) {
+            int sx = (int)(flip ? cols - 1 - xx : xx) + dx;
+            int inside = sy >= 0 && sy < (int)rows && sx >= 0 && sx < (int)cols;
+            size_t at = inside ? (size_t)sy * cols + (size_t)sx : 0;
+            float *o = xr + ((size_t)yy * cols + xx) * c;
+            for (uint32_t k = 0; k < c; k++)
+                o[k] = (inside ? (float)px[k * plane + at] : 0.0f) * mul[k] + add[k];
+        }
+    }
+}
+
+/* Draws image i's crop and flip from the pass's seed, and writes it. */
+static void augment(const omv_dataset_t *self, const omv_dataset_norm_t *norm, uint32_t i,
+                    const uint8_t *px, float *xr, const float *mul, const float *add)
+{
+    omv_rng_t rng;
+    omv_rng_init(&rng, norm->augment_seed ^ ((uint64_t)i * 0xbf58476d1ce4e5b9ULL));
+    int pad = (int)norm->augment_pad;
+    int dy = pad ? (int)omv_rng_below(&rng, 2 * (uint32_t)pad + 1) - pad : 0;
+    int dx = pad ? (int)omv_rng_below(&rng, 2 * (uint32_t)pad + 1) - pad : 0;
+    int flip = norm->augment_flip ? (int)(omv_rng_next(&rng) >> 63) : 0;
+    augment_one(self, px, xr, mul, add, dy, dx, flip);
+}
+
 void omv_dataset_gather(const omv_dataset_t *self, const omv_dataset_norm_t *norm,
                         const uint32_t *idx, uint32_t n, float *x, uint8_t *y)
 {
@@ -412,7 +448,9 @@ void omv_dataset_gather(const omv_dataset_t *self, const omv_dataset_norm_t *nor
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *px = self->pixels + (size_t)idx[i] * size;
         float *xr = x + (size_t)i * size;
-        if (c == 1) {
+        if (norm->augment_pad || norm->augment_flip) {
+            augment(self, norm, idx[i], px, xr, mul, add);
+        } else if (c == 1) {
             for (uint32_t p = 0; p < plane; p++)
                 xr[p] = (float)px[p] * mul[0] + add[0];
         } else { /* planes in the file, channels-last for the engine */

@@ -57,9 +57,16 @@ typedef struct {
     float scale;
     float mean[OMV_DATASET_MAX_CHANNELS], std[OMV_DATASET_MAX_CHANNELS];
     uint32_t n_mean, n_std;
+    /* Augmentation (training only; 0 and 0: off): each image is zero-padded by augment_pad
+     * pixels on every side and cropped back at a random place, then flipped left to right with
+     * probability 1/2 when augment_flip is set. The draws for image i come from augment_seed
+     * and i alone: set augment_seed anew for every pass. */
+    uint32_t augment_pad, augment_flip;
+    uint64_t augment_seed;
 } omv_dataset_norm_t;
 
 /* Writes images idx[0..n) of the slice into x[n][rows][cols][channels] (channels-last, as the
- * engine takes them), normalised, and their labels into y[n]. */
+ * engine takes them), normalised (and augmented, when norm says so), and their labels into
+ * y[n]. */
 void omv_dataset_gather(const omv_dataset_t *self, const omv_dataset_norm_t *norm,
                         const uint32_t *idx, uint32_t n, float *x, uint8_t *y);

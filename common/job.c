@@ -2,6 +2,7 @@
 #include "job.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,10 @@ const omv_config_entry_t omv_job_table[] = {
     {"model", "definition", STR(definition), NULL, 0, 0, 0,
      "a model definition file, one layer per line (relative to the job file); empty when "
      "layers is set"},
+    {"model", "init", STR(init), "", 0, 0, 0,
+     "start from these weights, a safetensors file as omnivorectl export writes (relative to "
+     "the job file; empty: random initialisation from the seed); a tensor missing or of "
+     "another shape is refused by name"},
     {"data", "train_images", STR(train_images), FMNIST "train-images-idx3-ubyte.gz", 0, 0, 0,
      "IDX images, raw or gzipped"},
     {"data", "train_labels", STR(train_labels), FMNIST "train-labels-idx1-ubyte.gz", 0, 0, 0,
@@ -41,6 +46,11 @@ const omv_config_entry_t omv_job_table[] = {
      "IDX test labels"},
     {"data", "train_limit", INT(train_limit), "0", 0, 1e9, 0,
      "use only the first N training images (0: all)"},
+    {"data", "augment_pad", INT(augment_pad), "0", 0, 16, 0,
+     "training only: pad each image with this many zero pixels on every side and crop it back "
+     "at a random place, drawn anew every pass from the seed (0: off; 4 is usual for 28x28)"},
+    {"data", "augment_flip", BOOL(augment_flip), "no", 0, 1, 0,
+     "training only: flip half the images left to right, drawn anew every pass"},
     {"data", "format", STR(data_format), "idx", 0, 0, 0,
      "idx (images and labels files, raw or gzipped) or cifar10 (binary batches: train_images "
      "and test_images list them, comma-separated; the labels keys are unused)"},
@@ -55,7 +65,26 @@ const omv_config_entry_t omv_job_table[] = {
      "update weighs each by its images)"},
     {"train", "learning_rate", DBL(learning_rate), "0.01", 0, 100, 0, "SGD step size"},
     {"train", "momentum", DBL(momentum), "0.9", 0, 0.999, 0, "SGD momentum"},
-    {"train", "weight_decay", DBL(weight_decay), "0", 0, 1, 0, "L2 penalty added to gradients"},
+    {"train", "weight_decay", DBL(weight_decay), "0", 0, 1, 0,
+     "L2 penalty added to gradients (adamw: decoupled, the weights shrink by learning_rate x "
+     "weight_decay each update)"},
+    {"train", "optimizer", STR(update_name), "sgd", 0, 0, 0,
+     "the update rule the daemon applies: sgd (with momentum), adam, or adamw (as PyTorch's)"},
+    {"train", "beta1", DBL(beta1), "0.9", 0, 0.999999, 0,
+     "adam, adamw: decay of the first moment (the optimizer tunes it as momentum)"},
+    {"train", "beta2", DBL(beta2), "0.999", 0, 0.999999, 0,
+     "adam, adamw: decay of the second moment"},
+    {"train", "epsilon", DBL(epsilon), "1e-8", 1e-12, 1, 0,
+     "adam, adamw: added to the root of the second moment"},
+    {"train", "schedule", STR(schedule_name), "constant", 0, 0, 0,
+     "the learning rate over the job: constant, step (times step_factor every step_epochs) or "
+     "cosine (down to 0 at the last epoch)"},
+    {"train", "warmup_steps", INT(warmup_steps), "0", 0, 1e9, 0,
+     "the learning rate rises linearly over the first N updates (0: none)"},
+    {"train", "step_epochs", DBL(step_epochs), "10", 0.001, 1e6, 0,
+     "schedule = step: epochs between drops"},
+    {"train", "step_factor", DBL(step_factor), "0.1", 0, 1, 0,
+     "schedule = step: what each drop multiplies the learning rate by"},
     {"train", "gradient_norm_bound", DBL(gradient_norm_bound), "100", 0, 1e12, 0,
      "a pushed gradient whose norm is over this many times the largest its shard accepted lately "
      "is refused and the step goes on without it (0: no bound)"},
@@ -336,9 +365,64 @@ static int resolve_list(char *list, size_t cap, const char *job_path)
     return omv_strlcpy(list, out, cap);
 }
 
+/* Index of name in names[n], or -1. */
+static int pick(const char *name, const char *const *names, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+/* The update rule and the schedule: names, and the optimizer's claim on the learning rate. */
+static int validate_train(omv_job_t *job, const char *path, char *err)
+{
+    static const char *const updates[] = {"sgd", "adam", "adamw"};
+    static const char *const schedules[] = {"constant", "step", "cosine"};
+    job->update = pick(job->update_name, updates, 3);
+    if (job->update < 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [train] optimizer: '%s' is not sgd, adam or adamw",
+                 path, job->update_name);
+        return -EINVAL;
+    }
+    job->schedule = pick(job->schedule_name, schedules, 3);
+    if (job->schedule < 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [train] schedule: '%s' is not constant, step or cosine", path,
+                 job->schedule_name);
+        return -EINVAL;
+    }
+    if (job->optimizer && job->tune_learning_rate &&
+        (job->schedule != OMV_JOB_SCHEDULE_CONSTANT || job->warmup_steps > 0)) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [train] %s: the optimizer ([optimizer] enabled) owns the learning rate; "
+                 "set schedule = constant and warmup_steps = 0, or [optimizer] "
+                 "tune_learning_rate = no",
+                 path, job->warmup_steps > 0 ? "warmup_steps" : "schedule");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+double omv_job_lr_factor(const omv_job_t *job, double epoch, uint64_t steps)
+{
+    double f = 1.0;
+    if (job->warmup_steps > 0 && steps < (uint64_t)job->warmup_steps)
+        f = (double)(steps + 1) / (double)job->warmup_steps;
+    if (job->schedule == OMV_JOB_SCHEDULE_STEP)
+        f *= pow(job->step_factor, floor(epoch / job->step_epochs));
+    else if (job->schedule == OMV_JOB_SCHEDULE_COSINE) {
+        double x = epoch / (double)job->epochs;
+        f *= 0.5 * (1.0 + cos(M_PI * (x < 1.0 ? x : 1.0)));
+    }
+    return f;
+}
+
 int omv_job_validate(omv_job_t *job, const char *path, char *err)
 {
     int r = validate_model(job, path, 0, err);
+    if (r == 0)
+        r = validate_train(job, path, err);
     if (r < 0)
         return r;
     if (job->groups > job->workers) {
@@ -430,6 +514,16 @@ int omv_job_check_paths(const omv_job_t *job, omv_job_path_check_fn check, void 
     return 0;
 }
 
+/* The line a key was set on in the file, 0 when it was left at its default. */
+static int key_line(const int *lines, const char *section, const char *key)
+{
+    for (size_t i = 0; i < omv_job_table_len; i++)
+        if (strcmp(omv_job_table[i].section, section) == 0 &&
+            strcmp(omv_job_table[i].key, key) == 0)
+            return lines[i];
+    return 0;
+}
+
 int omv_job_load_text(omv_job_t *ret_job, const char *path, const char *text, char *err)
 {
     return omv_job_load_text_checked(ret_job, path, text, NULL, NULL, err);
@@ -449,12 +543,9 @@ int omv_job_load_text_checked(omv_job_t *ret_job, const char *path, const char *
     r = omv_config_load_text(omv_job_table, omv_job_table_len, path, text, &job, lines, err);
     if (r < 0)
         return r;
-    int layers_line = 0;
-    for (size_t i = 0; i < omv_job_table_len; i++)
-        if (strcmp(omv_job_table[i].key, "layers") == 0)
-            layers_line = lines[i];
-    char *paths[] = {job.train_images, job.train_labels, job.test_images, job.test_labels,
-                     job.definition};
+    int layers_line = key_line(lines, "model", "layers");
+    char *paths[] = {job.train_images, job.train_labels, job.test_images,
+                     job.test_labels,  job.definition,   job.init};
     if (strcmp(job.data_format, "cifar10") == 0) {
         r = resolve_list(job.train_images, OMV_JOB_PATH_MAX, path);
         if (r == 0)

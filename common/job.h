@@ -12,6 +12,11 @@
 #define OMV_JOB_PATH_MAX 1024
 #define OMV_JOB_MODEL_TEXT_MAX 4096
 
+/* [train] optimizer: the update rule the daemon applies. */
+enum { OMV_JOB_UPDATE_SGD, OMV_JOB_UPDATE_ADAM, OMV_JOB_UPDATE_ADAMW };
+/* [train] schedule: how the learning rate moves over the job. */
+enum { OMV_JOB_SCHEDULE_CONSTANT, OMV_JOB_SCHEDULE_STEP, OMV_JOB_SCHEDULE_COSINE };
+
 typedef struct {
     /* [job] */
     char name[64];
@@ -29,12 +34,15 @@ typedef struct {
      * layers; model_name names it in messages. */
     char model_text[OMV_JOB_MODEL_TEXT_MAX];
     char model_name[OMV_JOB_PATH_MAX];
+    char init[OMV_JOB_PATH_MAX]; /* a safetensors file to start from (empty: random init) */
     /* [data] */
     char train_images[OMV_JOB_PATH_MAX];
     char train_labels[OMV_JOB_PATH_MAX];
     char test_images[OMV_JOB_PATH_MAX];
     char test_labels[OMV_JOB_PATH_MAX];
     int64_t train_limit;  /* use only the first N training images; 0: all */
+    int64_t augment_pad;  /* training: random crop after zero padding by this many pixels */
+    int augment_flip;     /* training: flip half the images left to right */
     char data_format[16]; /* idx or cifar10 */
     char wire_name[8];    /* [cluster] wire: fp32 or bf16 */
     int wire;             /* OMV_WIRE_* (wire.h), from wire_name once validated */
@@ -51,6 +59,14 @@ typedef struct {
     double weight_decay;
     double gradient_norm_bound;   /* x the shard's running gradient norm; 0: none */
     int64_t gradient_norm_warmup; /* gradients per shard before the bound applies */
+    char update_name[8];          /* optimizer: sgd, adam or adamw */
+    int update;                   /* OMV_JOB_UPDATE_*, from update_name once validated */
+    double beta1, beta2, epsilon; /* Adam's; beta1 is what the optimizer tunes as momentum */
+    char schedule_name[16];       /* constant, step or cosine */
+    int schedule;                 /* OMV_JOB_SCHEDULE_*, from schedule_name once validated */
+    int64_t warmup_steps;         /* the learning rate rises linearly over these updates */
+    double step_epochs;           /* step: the rate is multiplied by step_factor this often */
+    double step_factor;
     /* [cluster] */
     int64_t workers;
     int64_t groups;
@@ -107,6 +123,12 @@ int omv_job_check_paths(const omv_job_t *job, omv_job_path_check_fn check, void 
  * Reads the definition file, if the job names one, into model_text and checks that its shapes
  * chain (errors name that file and line). path names the job file in messages. */
 int omv_job_validate(omv_job_t *job, const char *path, char *err);
+
+/* The learning rate's factor at `epoch` (fraction of epochs done, 0 at the start) after `steps`
+ * updates, as [train] schedule and warmup_steps say: warmup (steps + 1) / warmup_steps, times
+ * step_factor^floor(epoch / step_epochs) (step) or (1 + cos(pi * epoch / epochs)) / 2
+ * (cosine, down to 0 at the end). 1 for a constant schedule without warmup. */
+double omv_job_lr_factor(const omv_job_t *job, double epoch, uint64_t steps);
 
 /* Parses "784 256 10" (spaces or commas) into widths. Returns the count or -EINVAL. */
 int omv_job_parse_layers(const char *text, uint32_t *ret_widths, size_t cap);

@@ -14,9 +14,17 @@
 #include "rng.h"
 
 static const char *const kind_names[] = {
-    [OMV_LAYER_FC] = "fc",           [OMV_LAYER_CONV] = "conv", [OMV_LAYER_MAXPOOL] = "maxpool",
-    [OMV_LAYER_AVGPOOL] = "avgpool", [OMV_LAYER_RELU] = "relu", [OMV_LAYER_DROPOUT] = "dropout",
+    [OMV_LAYER_FC] = "fc",
+    [OMV_LAYER_CONV] = "conv",
+    [OMV_LAYER_MAXPOOL] = "maxpool",
+    [OMV_LAYER_AVGPOOL] = "avgpool",
+    [OMV_LAYER_RELU] = "relu",
+    [OMV_LAYER_DROPOUT] = "dropout",
     [OMV_LAYER_FLATTEN] = "flatten",
+    [OMV_LAYER_GLOBALAVGPOOL] = "globalavgpool",
+    [OMV_LAYER_BATCHNORM] = "batchnorm",
+    [OMV_LAYER_SAVE] = "save",
+    [OMV_LAYER_ADD] = "add",
 };
 
 const char *omv_model_layer_name(omv_layer_kind_t kind)
@@ -163,6 +171,28 @@ static int shape_text(omv_shape_t s, char *buf, size_t cap)
     return snprintf(buf, cap, "%ux%ux%u", s.c, s.h, s.w);
 }
 
+/* An add whose saved shape differs from its input: a 1x1 convolution with the one stride that
+ * brings the saved height and width to the input's. */
+static int projection(ctx_t *c, omv_model_layer_t *l)
+{
+    char from[64], to[64];
+    shape_text(l->skip, from, sizeof(from));
+    shape_text(l->in, to, sizeof(to));
+    for (uint32_t st = 1; st <= l->skip.h && st <= l->skip.w; st++) {
+        if (slide(l->skip.h, 1, st, 0) == l->in.h && slide(l->skip.w, 1, st, 0) == l->in.w) {
+            l->proj_stride = st;
+            l->fan_in = l->skip.c;
+            l->w_count = (size_t)l->skip.c * l->in.c;
+            l->b_count = l->in.c;
+            return 0;
+        }
+    }
+    return fail(c,
+                "add %s: the output saved as '%s' is %s, which no 1x1 projection with a stride "
+                "turns into this layer's input %s",
+                l->name, l->name, from, to);
+}
+
 /* Fills in the output shape and parameter counts of l from its input shape. */
 static int chain(ctx_t *c, omv_model_layer_t *l)
 {
@@ -202,8 +232,22 @@ static int chain(ctx_t *c, omv_model_layer_t *l)
     case OMV_LAYER_FLATTEN:
         l->out = (omv_shape_t){(uint32_t)omv_shape_size(in), 1, 1};
         break;
+    case OMV_LAYER_GLOBALAVGPOOL:
+        l->out = (omv_shape_t){in.c, 1, 1};
+        break;
+    case OMV_LAYER_BATCHNORM:
+        l->out = in;
+        l->w_count = l->b_count = in.c;
+        l->s_count = 2 * (size_t)in.c;
+        break;
+    case OMV_LAYER_ADD:
+        l->out = in;
+        if (l->skip.c != in.c || l->skip.h != in.h || l->skip.w != in.w)
+            return projection(c, l);
+        break;
     case OMV_LAYER_RELU:
     case OMV_LAYER_DROPOUT:
+    case OMV_LAYER_SAVE:
         l->out = in;
         break;
     }
@@ -213,11 +257,50 @@ static int chain(ctx_t *c, omv_model_layer_t *l)
     return 0;
 }
 
-/* Parses one layer line (already split) into l, whose input shape is set. */
-static int parse_layer(ctx_t *c, char **w, int n, omv_model_layer_t *l)
+/* "save NAME" or "add NAME": the name, and for add the save it refers to (among the n layers
+ * of m before it), used once. */
+static int parse_link(ctx_t *c, char **w, int n, const omv_model_layout_t *m, omv_model_layer_t *l)
 {
     const char *k = w[0];
-    if (strcmp(k, "fc") == 0) {
+    l->kind = k[0] == 's' ? OMV_LAYER_SAVE : OMV_LAYER_ADD;
+    if (n != 2 || strlen(w[1]) >= OMV_MODEL_NAME_MAX)
+        return fail(c, "expected '%s NAME' with a name of 1 to %d characters, e.g. %s a", k,
+                    OMV_MODEL_NAME_MAX - 1, k);
+    strcpy(l->name, w[1]);
+    int found = -1;
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        const omv_model_layer_t *o = &m->layers[i];
+        if (strcmp(o->name, l->name) != 0)
+            continue;
+        if (l->kind == OMV_LAYER_SAVE && o->kind == OMV_LAYER_SAVE)
+            return fail(c, "'save %s' again: line %d saved that name already", l->name, o->line);
+        if (l->kind == OMV_LAYER_ADD && o->kind == OMV_LAYER_ADD)
+            return fail(c, "'add %s' again: line %d added it already", l->name, o->line);
+        if (o->kind == OMV_LAYER_SAVE)
+            found = (int)i;
+    }
+    if (l->kind == OMV_LAYER_ADD) {
+        if (found < 0)
+            return fail(c, "add %s: no 'save %s' on an earlier line", l->name, l->name);
+        l->ref = (uint32_t)found;
+        l->skip = m->layers[found].out;
+    }
+    return 0;
+}
+
+/* Parses one layer line (already split) into l, whose input shape is set; m holds the layers
+ * before it. */
+static int parse_layer(ctx_t *c, char **w, int n, const omv_model_layout_t *m, omv_model_layer_t *l)
+{
+    const char *k = w[0];
+    if (strcmp(k, "save") == 0 || strcmp(k, "add") == 0) {
+        if (parse_link(c, w, n, m, l) < 0)
+            return -EINVAL;
+    } else if (strcmp(k, "globalavgpool") == 0 || strcmp(k, "batchnorm") == 0) {
+        l->kind = k[0] == 'g' ? OMV_LAYER_GLOBALAVGPOOL : OMV_LAYER_BATCHNORM;
+        if (n != 1)
+            return fail(c, "'%s' takes no arguments", k);
+    } else if (strcmp(k, "fc") == 0) {
         l->kind = OMV_LAYER_FC;
         if (n != 2)
             return fail(c, "expected 'fc OUTPUTS', e.g. fc 256");
@@ -258,11 +341,30 @@ static int parse_layer(ctx_t *c, char **w, int n, omv_model_layer_t *l)
         l->rate = (float)p;
     } else {
         return fail(c,
-                    "unknown layer '%s' (expected conv, maxpool, avgpool, relu, dropout, "
-                    "flatten, fc or softmax)",
+                    "unknown layer '%s' (expected conv, maxpool, avgpool, globalavgpool, relu, "
+                    "batchnorm, dropout, flatten, save, add, fc or softmax)",
                     k);
     }
     return chain(c, l);
+}
+
+/* Every save is added back somewhere (else the name is a slip). */
+static int check_links(ctx_t *c, const omv_model_layout_t *m)
+{
+    for (uint32_t i = 0; i < m->n_layers; i++) {
+        const omv_model_layer_t *l = &m->layers[i];
+        if (l->kind != OMV_LAYER_SAVE)
+            continue;
+        int added = 0;
+        for (uint32_t j = i + 1; j < m->n_layers; j++)
+            added |= m->layers[j].kind == OMV_LAYER_ADD && m->layers[j].ref == i;
+        if (!added) {
+            c->line = l->line;
+            return fail(c, "'save %s' is never added back (expected a later 'add %s')", l->name,
+                        l->name);
+        }
+    }
+    return 0;
 }
 
 int omv_model_parse(omv_model_layout_t *ret, const char *text, const char *name, char *err)
@@ -324,7 +426,7 @@ int omv_model_parse(omv_model_layout_t *ret, const char *text, const char *name,
             omv_model_layer_t *l = &m->layers[m->n_layers];
             l->line = c.line;
             l->in = m->n_layers ? m->layers[m->n_layers - 1].out : m->input;
-            r = parse_layer(&c, words, n, l);
+            r = parse_layer(&c, words, n, m, l);
             if (r == 0) {
                 l->w_offset = offset;
                 l->b_offset = offset + l->w_count;
@@ -343,6 +445,17 @@ int omv_model_parse(omv_model_layout_t *ret, const char *text, const char *name,
             r = fail(&c, "the last layer must be 'fc CLASSES': its outputs feed the softmax");
         else if (m->layers[m->n_layers - 1].units < 2)
             r = fail(&c, "the output needs at least 2 classes");
+    }
+    if (r == 0)
+        r = check_links(&c, m);
+    if (r == 0) {
+        m->state_offset = offset;
+        for (uint32_t i = 0; i < m->n_layers; i++) {
+            m->layers[i].s_offset = offset;
+            offset += m->layers[i].s_count;
+        }
+        if (offset > OMV_MODEL_MAX_PARAMS)
+            r = fail(&c, "the model has more than %u parameters", OMV_MODEL_MAX_PARAMS);
     }
     if (r == 0) {
         m->param_count = offset;
@@ -397,6 +510,15 @@ void omv_model_init(const omv_model_layout_t *self, float *params, uint64_t seed
     omv_rng_init(&rng, seed);
     for (uint32_t i = 0; i < self->n_layers; i++) {
         const omv_model_layer_t *l = &self->layers[i];
+        if (l->kind == OMV_LAYER_BATCHNORM) {
+            for (size_t j = 0; j < l->w_count; j++) {
+                params[l->w_offset + j] = 1.0f;              /* weight */
+                params[l->b_offset + j] = 0.0f;              /* bias */
+                params[l->s_offset + j] = 0.0f;              /* running mean */
+                params[l->s_offset + l->w_count + j] = 1.0f; /* running variance */
+            }
+            continue;
+        }
         if (l->w_count == 0)
             continue;
         float std = sqrtf((feeds_relu(self, i) ? 2.0f : 1.0f) / (float)l->fan_in);
@@ -442,12 +564,21 @@ void omv_model_summary(const omv_model_layout_t *self, char *buf, size_t cap)
         case OMV_LAYER_DROPOUT:
             snprintf(what, sizeof(what), "dropout %.2f", (double)l->rate);
             break;
+        case OMV_LAYER_SAVE:
+            snprintf(what, sizeof(what), "save %s", l->name);
+            break;
+        case OMV_LAYER_ADD:
+            if (l->w_count)
+                snprintf(what, sizeof(what), "add %s (1x1 s%u)", l->name, l->proj_stride);
+            else
+                snprintf(what, sizeof(what), "add %s", l->name);
+            break;
         default:
             snprintf(what, sizeof(what), "%s", name);
             break;
         }
         shape_text(l->out, shape, sizeof(shape));
-        PUT("%-3u %-24s %-12s %12zu\n", i + 1, what, shape, l->w_count + l->b_count);
+        PUT("%-3u %-24s %-12s %12zu\n", i + 1, what, shape, l->w_count + l->b_count + l->s_count);
     }
     PUT("%-3s %-24s %-12s %12zu\n", "", "total (softmax loss)", "", self->param_count);
 #undef PUT

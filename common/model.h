@@ -9,7 +9,8 @@
 #include "job.h"
 
 #define OMV_MODEL_MAX_PARAMS (1u << 30)
-#define OMV_MODEL_MAX_LAYERS 48
+#define OMV_MODEL_MAX_LAYERS 64
+#define OMV_MODEL_NAME_MAX 16 /* save/add names, with the NUL */
 /* Floats one image may occupy in any layer's activations: bounds what a definition can make a
  * worker allocate before a single image is read. */
 #define OMV_MODEL_MAX_ACTIVATION (1u << 24)
@@ -25,6 +26,10 @@ typedef enum {
     OMV_LAYER_RELU,
     OMV_LAYER_DROPOUT, /* training only */
     OMV_LAYER_FLATTEN,
+    OMV_LAYER_GLOBALAVGPOOL, /* the mean over height and width: C x 1 x 1 */
+    OMV_LAYER_BATCHNORM,     /* per channel (2-D) or per value of a vector (1-D) */
+    OMV_LAYER_SAVE,          /* names its input for a later add; passes it on */
+    OMV_LAYER_ADD,           /* adds a saved output (through a 1x1 projection if shapes differ) */
 } omv_layer_kind_t;
 
 /* Channels x height x width of one image; a vector of n values is n x 1 x 1. Workers keep
@@ -44,13 +49,23 @@ typedef struct {
     uint32_t fan_in;          /* inputs that reach one output (fc, conv) */
     size_t w_offset, w_count; /* fc: [out][in]; conv: [out_c][kh][kw][in_c] */
     size_t b_offset, b_count; /* [units] */
+    /* batchnorm: weight (gamma) and bias (beta) are w and b, [c] each; s is the state that
+     * gradients do not train, running mean [c] then running variance [c]. */
+    size_t s_offset, s_count;
+    char name[OMV_MODEL_NAME_MAX]; /* save, add: the name they share */
+    uint32_t ref;                  /* add: the index of its save layer */
+    omv_shape_t skip;              /* add: the saved shape; when it is not `in`, w and b are a
+                                    * 1x1 projection [in.c][skip.c] with stride proj_stride */
+    uint32_t proj_stride;
 } omv_model_layer_t;
 
 typedef struct {
     uint32_t n_layers;
     omv_model_layer_t layers[OMV_MODEL_MAX_LAYERS];
     omv_shape_t input;
-    size_t param_count;
+    size_t param_count;       /* trained parameters, then state (state_offset on) */
+    size_t state_offset;      /* where the values gradients do not train begin (batch norm's running
+                               * statistics); param_count when there are none */
     uint32_t inputs, classes; /* floats per input image; outputs of the last layer */
 } omv_model_layout_t;
 
@@ -63,6 +78,11 @@ int omv_model_layout(omv_model_layout_t *ret, const uint32_t *widths, uint32_t n
  *   conv 32 5x5 [stride S] [pad P]         S defaults to 1, P to 0; "5" means 5x5
  *   maxpool 2 [stride S]  / avgpool 2x2    S defaults to the window
  *   relu / flatten / dropout 0.5
+ *   globalavgpool                          the mean of each channel over height and width
+ *   batchnorm                              normalises each channel (or each value of a vector)
+ *   save NAME  ...  add NAME               a residual connection: add puts the output saved at
+ *                                          `save NAME` back onto its input; a 1x1 projection
+ *                                          (with a stride) matches a shape that differs
  *   fc 256                                 the last layer is fc: its outputs are the classes
  *   softmax                                optional last line: the loss (always softmax
  *                                          cross-entropy)
@@ -74,8 +94,8 @@ int omv_model_parse(omv_model_layout_t *ret, const char *text, const char *name,
 int omv_model_mlp_text(const uint32_t *widths, uint32_t n, char *buf, size_t cap);
 
 /* Weights from a normal distribution with std sqrt(2 / fan_in) (He) for layers followed by a
- * ReLU, sqrt(1 / fan_in) (Glorot/LeCun by fan-in) for the others; zero biases; from seed.
- * params has param_count floats. */
+ * ReLU, sqrt(1 / fan_in) (Glorot/LeCun by fan-in) for the others; zero biases; batch norm's
+ * weight 1, bias 0, running mean 0 and variance 1; from seed. params has param_count floats. */
 void omv_model_init(const omv_model_layout_t *self, float *params, uint64_t seed);
 
 /* Writes the summary table (layer, output shape, parameters, total) into buf[cap], one line per

@@ -129,6 +129,8 @@ static void encode_jobspec(const omv_jobspec_t *j, Omnivore__JobSpec *out)
     out->mean = (float *)j->mean;
     out->n_std = j->n_std;
     out->std = (float *)j->std;
+    out->augment_pad = j->augment_pad;
+    out->augment_flip = j->augment_flip != 0;
     out->train_images = (char *)j->train_images;
     out->train_labels = (char *)j->train_labels;
     out->test_images = (char *)j->test_images;
@@ -349,6 +351,10 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
     copy_floats(out->mean, j->mean, j->n_mean);
     out->n_std = (uint32_t)j->n_std;
     copy_floats(out->std, j->std, j->n_std);
+    if (j->augment_pad > OMV_WIRE_MAX_AUGMENT_PAD)
+        FAIL("augment_pad %u is over %d", j->augment_pad, OMV_WIRE_MAX_AUGMENT_PAD);
+    out->augment_pad = j->augment_pad;
+    out->augment_flip = j->augment_flip;
     out->n_shards = (uint32_t)j->n_shard_offsets - 1;
     copy_u32(out->shard_offsets, j->shard_offsets, j->n_shard_offsets);
     for (uint32_t i = 0; i < out->n_shards; i++)

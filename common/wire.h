@@ -14,6 +14,7 @@
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
 #define OMV_WIRE_MAX_SHARDS 256
+#define OMV_WIRE_MAX_AUGMENT_PAD 16
 #define OMV_WIRE_REASON_MAX 256
 
 /* How parameters and gradients travel ([cluster] wire): the daemon keeps fp32 either way.
@@ -81,6 +82,8 @@ typedef struct {
     float scale;                        /* 0: 1/255 */
     float mean[16], std[16];
     uint32_t n_mean, n_std;
+    uint32_t augment_pad;  /* training: random crop after zero padding by this many pixels */
+    uint32_t augment_flip; /* training: flip half the images left to right */
     char train_images[OMV_JOB_PATH_MAX];
     char train_labels[OMV_JOB_PATH_MAX];
     char test_images[OMV_JOB_PATH_MAX];

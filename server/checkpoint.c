@@ -4,7 +4,10 @@
  *   trailer: u64 bytes before the trailer, u32 CRC-32 of those bytes, "OEND".
  * Unknown section tags are skipped, so later versions can add sections without a new format.
  * The optimizer's section (tag 8) is optional; its fields are only ever appended to (its first
- * u32 counts the layout's revisions), so a reader takes the fields it knows and skips the rest. */
+ * u32 counts the layout's revisions), so a reader takes the fields it knows and skips the rest.
+ * Adam's section (tag 9, optional: jobs with Adam or AdamW write it) is u64 steps then
+ * param_count floats of second moments; checkpoints without it read as SGD's. The model
+ * definition's text (tag 10, optional, for export) is the last section. */
 #define OMV_LOG_TAG "checkpoint"
 #include "checkpoint.h"
 
@@ -36,6 +39,9 @@ enum {
     TAG_JOB_TEXT = 6,
     TAG_MEMBERS = 7,
     TAG_OPTIMIZER = 8,
+    TAG_ADAM = 9,
+    TAG_MODEL_TEXT = 10,
+    TAG_LAST_ = TAG_MODEL_TEXT,
 };
 
 /* The optimizer section: u32 layout (1); u32 phase, running, groups, phase_steps_done,
@@ -134,7 +140,7 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
     size_t members_len = c->members ? strlen(c->members) : 0;
     put(w, MAGIC, 8);
     put_u32(w, OMV_CHECKPOINT_FORMAT);
-    put_u32(w, c->opt.present ? 8 : 7);
+    put_u32(w, 7 + (c->opt.present != 0) + (c->second != NULL) + (c->model_text != NULL));
 
     section(w, TAG_META, META_BYTES);
     put_u64(w, c->seq);
@@ -171,6 +177,16 @@ static void write_body(writer_t *w, const omv_checkpoint_t *c)
     put(w, c->members ? c->members : "", members_len);
     if (c->opt.present)
         write_optimizer(w, &c->opt);
+    if (c->second) {
+        section(w, TAG_ADAM, 8 + c->param_count * 4);
+        put_u64(w, c->adam_steps);
+        put(w, c->second, c->param_count * 4);
+    }
+    if (c->model_text) {
+        size_t model_len = strlen(c->model_text);
+        section(w, TAG_MODEL_TEXT, model_len);
+        put(w, c->model_text, model_len);
+    }
 
     uint64_t body = w->bytes;
     uint32_t crc = (uint32_t)w->crc;
@@ -564,6 +580,23 @@ static int read_section(reader_t *s, uint32_t tag, uint32_t seen, omv_checkpoint
         free(c->members);
         c->members = dup_text(s->p, slen);
         return 0;
+    case TAG_MODEL_TEXT:
+        free(c->model_text);
+        c->model_text = dup_text(s->p, slen);
+        return c->model_text ? 0 : corrupt(err, "%s: no memory", path);
+    case TAG_ADAM: {
+        int bad_steps = 0;
+        if (!have_meta || slen != 8 + c->param_count * 4)
+            return corrupt(err,
+                           "%s: Adam's section of %" PRIu64 " bytes for %" PRIu64 " parameters",
+                           path, slen, c->param_count);
+        c->adam_steps = get_u64(s, &bad_steps);
+        c->second = malloc(slen - 8 ? slen - 8 : 1);
+        if (c->second == NULL)
+            return corrupt(err, "%s: no memory", path);
+        memcpy(c->second, s->p, slen - 8);
+        return 0;
+    }
     case TAG_OPTIMIZER: {
         int ro = read_optimizer(s, &c->opt);
         if (ro == -ENOMEM)
@@ -596,7 +629,7 @@ static int read_sections(const unsigned char *p, const unsigned char *end, omv_c
             return corrupt(err, "%s: section %u runs past the end of the file", path, tag);
         reader_t s = {rd.p, rd.p + slen};
         rd.p += slen;
-        if (tag >= TAG_META && tag <= TAG_OPTIMIZER) {
+        if (tag >= TAG_META && tag <= TAG_LAST_) {
             if (seen & (1u << tag))
                 return corrupt(err, "%s: section %u appears twice", path, tag);
             seen |= 1u << tag;
@@ -637,9 +670,11 @@ void omv_checkpoint_fini(omv_checkpoint_t *self)
     free(self->clocks);
     free(self->params);
     free(self->velocity);
+    free(self->second);
     free(self->history);
     free(self->job_text);
     free(self->members);
+    free(self->model_text);
     free(self->opt.phases);
     memset(self, 0, sizeof(*self));
 }

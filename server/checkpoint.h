@@ -46,13 +46,16 @@ typedef struct {
     uint32_t n_groups;
     uint64_t *clocks; /* [n_groups] steps each group completed */
     uint64_t param_count;
-    float *params;                                /* [param_count] */
-    float *velocity;                              /* [param_count] */
+    float *params;       /* [param_count] */
+    float *velocity;     /* [param_count] momentum (Adam: m) */
+    float *second;       /* [param_count] Adam's second moment; NULL for SGD (optional section) */
+    uint64_t adam_steps; /* Adam's updates applied (with second) */
     double learning_rate, momentum, weight_decay; /* the update rule in force */
     omv_checkpoint_eval_t *history;               /* [n_history] */
     uint32_t n_history;
     char *job_text;           /* the job file as it was (NUL-terminated); may be NULL */
     char *members;            /* one line per live worker: "id host pid group"; may be NULL */
+    char *model_text;         /* the model definition the job ran (optional section); may be NULL */
     omv_checkpoint_opt_t opt; /* written when opt.present */
 } omv_checkpoint_t;
 

@@ -11,6 +11,7 @@
 
 #include "dataset.h"
 #include "log.h"
+#include "safetensors.h"
 #include "util.h"
 
 const char *const omv_run_state_names[] = {"waiting", "running", "finishing", "done",
@@ -56,6 +57,16 @@ int64_t omv_run_worker_timeout_ms(const omv_run_t *r)
     return (int64_t)(r->job.worker_timeout_s * 1000);
 }
 
+/* The update rule for the next update: the one in force, with the learning rate where the
+ * job's schedule has it now. */
+static omv_sgd_t current_rule(const omv_run_t *r)
+{
+    omv_sgd_t u = r->sgd;
+    u.learning_rate =
+        (float)(u.learning_rate * omv_job_lr_factor(&r->job, omv_run_epoch(r), r->steps_total));
+    return u;
+}
+
 static omv_timeline_now_t timeline_now(const omv_run_t *r)
 {
     return (omv_timeline_now_t){
@@ -66,7 +77,7 @@ static omv_timeline_now_t timeline_now(const omv_run_t *r)
         .images_seen = r->images_total + omv_tuner_probe_images(r->tuner),
         .groups = omv_groups_count(r->groups),
         .momentum = r->sgd.momentum,
-        .learning_rate = r->sgd.learning_rate,
+        .learning_rate = current_rule(r).learning_rate,
         .probing = omv_tuner_probing(r->tuner),
     };
 }
@@ -78,7 +89,7 @@ static void tuner_poll(omv_run_t *r)
     if (r->state != JOB_RUNNING)
         return;
     omv_reconfig_t rc;
-    if (omv_tuner_poll(r->tuner, omv_time_s(), &r->reconfig, r->sgd.weight_decay, &rc))
+    if (omv_tuner_poll(r->tuner, omv_time_s(), &r->reconfig, &r->sgd, &rc))
         omv_reconfig_merge(&r->reconfig, &rc);
 }
 
@@ -98,7 +109,7 @@ static void serve_early(omv_run_t *r, uint32_t group, uint32_t s);
 static void on_apply(void *ctx, uint32_t group, uint32_t shard)
 {
     omv_run_t *r = ctx;
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = r->sgd};
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = current_rule(r)};
     omv_shardset_send(r->shards, shard, &cmd, NULL, NULL);
     serve_early(r, group, shard);
 }
@@ -260,6 +271,8 @@ static int write_checkpoint(omv_run_t *r)
          * from or the phase starts. */
         v.params = r->shards->probe_params;
         v.velocity = r->shards->probe_velocity;
+        v.second = r->shards->probe_second;
+        v.adam_steps = r->shards->probe_steps[0];
     } else {
         int e = omv_shardset_gather(r->shards, 1);
         if (e < 0) {
@@ -274,6 +287,8 @@ static int write_checkpoint(omv_run_t *r)
         }
         v.params = r->shards->gather_params;
         v.velocity = r->shards->gather_velocity;
+        v.second = r->shards->gather_second;
+        v.adam_steps = r->shards->gather_steps[0];
     }
     return omv_run_ckpt_write(&r->ckpt, &v);
 }
@@ -698,7 +713,7 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .group = group,
                            .step = p->step,
                            .worker_id = omv_members_id(r->env.members, m),
-                           .sgd = r->sgd,
+                           .sgd = current_rule(r),
                            .solo = omv_groups_live(r->groups, group) == 1,
                            .wire = p->wire,
                            .weight = m->weight,
@@ -900,6 +915,8 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
     j->n_mean = job->n_mean, j->n_std = job->n_std;
     memcpy(j->mean, job->mean, sizeof(j->mean));
     memcpy(j->std, job->std, sizeof(j->std));
+    j->augment_pad = (uint32_t)job->augment_pad;
+    j->augment_flip = (uint32_t)job->augment_flip;
     omv_strlcpy(j->train_images, job->train_images, sizeof(j->train_images));
     omv_strlcpy(j->train_labels, job->train_labels, sizeof(j->train_labels));
     omv_strlcpy(j->test_images, job->test_images, sizeof(j->test_images));
@@ -1014,6 +1031,19 @@ void omv_run_cron(omv_run_t *r)
 
 /* ---- making and freeing ---- */
 
+/* [model] init must read into the model, so that a job that cannot start is refused when it is
+ * submitted. */
+static int check_init(const omv_job_t *j, const omv_model_layout_t *layout, char *err)
+{
+    float *w = malloc((layout->param_count ? layout->param_count : 1) * sizeof(float));
+    char why[OMV_SAFETENSORS_ERR_MAX];
+    int r = w ? omv_safetensors_read(j->init, layout, w, why) : -ENOMEM;
+    free(w);
+    if (r < 0)
+        snprintf(err, OMV_CONFIG_ERR_MAX, "[model] init: %s", r == -ENOMEM ? "no memory" : why);
+    return r;
+}
+
 int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
                       char *err)
 {
@@ -1041,6 +1071,8 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
     }
     omv_model_layout_t layout;
     if (omv_model_parse(&layout, j->model_text, j->model_name, err) < 0)
+        return -EINVAL;
+    if (j->init[0] && check_init(j, &layout, err) < 0)
         return -EINVAL;
     if (ret_train_count)
         *ret_train_count = count;
@@ -1079,13 +1111,31 @@ static void log_model(const omv_run_t *r)
         omv_log_info("model: %.*s", (int)(eol - line), line);
 }
 
+/* Puts a checkpoint's model and optimizer state into the shards. State written by another
+ * update rule (SGD's momentum for Adam, or Adam's moments for SGD) does not carry over: that
+ * part starts afresh. */
+static int restore_state(omv_run_t *r, const omv_checkpoint_t *c)
+{
+    int adam = r->shards->adam;
+    if (adam != (c->second != NULL)) {
+        omv_log_warn("%s holds %s state and the job trains with %s: the parameters carry over, "
+                     "the optimizer state starts afresh",
+                     r->ckpt.resumed_from, c->second ? "Adam's" : "SGD's", r->job.update_name);
+        return omv_shardset_restore(r->shards, c->params, NULL, NULL, NULL);
+    }
+    uint64_t steps[OMV_WIRE_MAX_SHARDS]; /* one count for every shard */
+    for (uint32_t s = 0; s < r->shards->n_shards; s++)
+        steps[s] = c->adam_steps;
+    return omv_shardset_restore(r->shards, c->params, c->velocity, c->second, adam ? steps : NULL);
+}
+
 /* Takes up a checkpoint of this job: model, momentum, clocks, counters, evaluations and the
  * optimizer's part. */
 static int resume(omv_run_t *r, const omv_checkpoint_t *c)
 {
     /* A run that was regrouped goes on with the groups it had. */
     omv_groups_set_count(r->groups, c->n_groups);
-    int e = omv_shardset_restore(r->shards, c->params, c->velocity);
+    int e = restore_state(r, c);
     if (e < 0)
         return e;
     for (uint32_t g = 0; g < c->n_groups; g++)
@@ -1128,6 +1178,23 @@ static int setup_checkpoints(omv_run_t *r)
     return e < 0 ? e : 0;
 }
 
+/* [model] init: the job starts from a safetensors file's weights (its optimizer state fresh).
+ * A checkpoint to resume from comes after and wins. Returns 0 or -EINVAL (logged). */
+static int load_init(omv_run_t *r)
+{
+    char err[OMV_SAFETENSORS_ERR_MAX];
+    float *w = malloc(r->layout.param_count * sizeof(float));
+    int e = w ? omv_safetensors_read(r->job.init, &r->layout, w, err) : -ENOMEM;
+    if (e == 0)
+        e = omv_shardset_restore(r->shards, w, NULL, NULL, NULL);
+    else
+        omv_log_error("[model] init: %s", w ? err : "out of memory");
+    free(w);
+    if (e == 0)
+        omv_log_info("model initialised from %s", r->job.init);
+    return e < 0 ? -EINVAL : 0;
+}
+
 /* The model, its shards, the groups and the per-group sums. */
 static int setup_model(omv_run_t *r)
 {
@@ -1156,20 +1223,37 @@ static int setup_model(omv_run_t *r)
     if (!r->group_images || !r->group_loss_sum || !r->group_loss_n || !r->group_planned)
         return -ENOMEM;
     r->shards = omv_shardset_new(r->env.router, r->env.refusals, &r->layout, (uint32_t)j->shards,
-                                 r->max_groups, (uint64_t)j->seed);
+                                 r->max_groups, (uint64_t)j->seed, j->update != OMV_JOB_UPDATE_SGD);
     if (r->shards == NULL)
         return -errno;
+    if (j->init[0] && load_init(r) < 0)
+        return -EINVAL;
     omv_groups_events_t ev = {on_apply, on_advance, on_retire, r};
     r->groups =
         omv_groups_new(r->n_slots, (uint32_t)j->groups, r->shards->n_shards, j->staleness, &ev);
     if (r->groups == NULL)
         return -ENOMEM;
-    r->sgd = (omv_sgd_t){(float)j->learning_rate, (float)j->momentum, (float)j->weight_decay};
+    r->sgd = (omv_sgd_t){
+        .learning_rate = (float)j->learning_rate,
+        .momentum = (float)(j->update == OMV_UPDATE_SGD ? j->momentum : j->beta1),
+        .weight_decay = (float)j->weight_decay,
+        .kind = j->update == OMV_JOB_UPDATE_ADAMW  ? OMV_UPDATE_ADAMW
+                : j->update == OMV_JOB_UPDATE_ADAM ? OMV_UPDATE_ADAM
+                                                   : OMV_UPDATE_SGD,
+        .beta2 = j->beta2,
+        .epsilon = (float)j->epsilon,
+    };
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
                  "%u per worker step; parameters and gradients travel as %s",
                  j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,
                  r->shards->n_shards, r->train_count, r->worker_batch,
                  j->wire == OMV_WIRE_BF16 ? "bf16" : "fp32");
+    int bn = r->layout.state_offset < r->layout.param_count;
+    omv_log_info("update rule %s: learning rate %g (schedule %s, warmup %lld updates), %s %g, "
+                 "weight decay %g%s",
+                 j->update_name, j->learning_rate, j->schedule_name, (long long)j->warmup_steps,
+                 j->update == OMV_JOB_UPDATE_SGD ? "momentum" : "beta1", (double)r->sgd.momentum,
+                 j->weight_decay, bn ? "; batch norm statistics: each group's mean" : "");
     return 0;
 }
 

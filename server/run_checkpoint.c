@@ -160,10 +160,13 @@ static int fill(omv_checkpoint_t *c, const omv_run_ckpt_view_t *v)
     c->param_count = v->param_count;
     c->params = (float *)v->params;
     c->velocity = (float *)v->velocity;
+    c->second = (float *)v->second;
+    c->adam_steps = v->adam_steps;
     c->learning_rate = v->sgd.learning_rate;
     c->momentum = v->sgd.momentum;
     c->weight_decay = v->sgd.weight_decay;
     c->job_text = (char *)v->job_text;
+    c->model_text = (char *)v->job->model_text;
     c->n_history = (uint32_t)v->eval->n_history;
     c->clocks = malloc((groups ? groups : 1) * sizeof(uint64_t));
     c->history = calloc(c->n_history ? c->n_history : 1, sizeof(*c->history));
@@ -210,7 +213,9 @@ int omv_run_ckpt_write(omv_run_ckpt_t *self, const omv_run_ckpt_view_t *view)
     /* Borrowed, not ours to free. */
     c.params = NULL;
     c.velocity = NULL;
+    c.second = NULL;
     c.job_text = NULL;
+    c.model_text = NULL;
     omv_checkpoint_fini(&c);
     return r;
 }

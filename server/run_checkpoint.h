@@ -42,6 +42,8 @@ typedef struct {
     omv_sgd_t sgd;
     size_t param_count;
     const float *params, *velocity; /* [param_count]: the model to keep */
+    const float *second;            /* [param_count] Adam's second moments, or NULL */
+    uint64_t adam_steps;            /* Adam's updates applied (with second) */
     const omv_eval_t *eval;
     const omv_tuner_t *tuner; /* may be NULL */
 } omv_run_ckpt_view_t;

@@ -1,7 +1,10 @@
-/* A shard's parameters, momentum and per-group pending gradients. */
+/* A shard's parameters, optimizer state (momentum; Adam's moments) and per-group pending
+ * gradients. */
 #include "shard.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +15,7 @@ int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t c
     self->params = params;
     self->offset = offset;
     self->count = count;
+    self->trained = count;
     self->n_groups = n_groups;
     self->velocity = calloc(count ? count : 1, sizeof(float));
     self->pending = calloc(n_groups ? n_groups : 1, sizeof(float *));
@@ -27,8 +31,27 @@ void omv_shard_fini(omv_shard_t *self)
     for (uint32_t g = 0; self->pending && g < self->n_groups; g++)
         free(self->pending[g]);
     free(self->velocity);
+    free(self->second);
     free(self->pending);
     memset(self, 0, sizeof(*self));
+}
+
+void omv_shard_set_state(omv_shard_t *self, size_t state_offset)
+{
+    size_t end = (size_t)self->offset + self->count;
+    self->trained = state_offset <= self->offset ? 0
+                    : state_offset >= end        ? self->count
+                                                 : (uint32_t)(state_offset - self->offset);
+}
+
+int omv_shard_use_adam(omv_shard_t *self)
+{
+    if (self->second == NULL)
+        self->second = calloc(self->count ? self->count : 1, sizeof(float));
+    if (self->second == NULL)
+        return -ENOMEM;
+    self->steps = 0;
+    return 0;
 }
 
 /* The hot loops are built for AVX2 too (chosen at load time where the CPU has it); they are
@@ -69,6 +92,62 @@ HOT static void sgd_step_one(float *restrict w, float *restrict v, const float *
     }
 }
 
+/* Adam's constants for one step, worked out once per update. */
+typedef struct {
+    float b1, c1, b2, c2; /* betas and 1 - betas */
+    float step;           /* learning_rate / (1 - b1^t) */
+    float rc2;            /* 1 / sqrt(1 - b2^t) */
+    float eps;
+    float wd;    /* added to the gradient (Adam) */
+    float decay; /* the weight's factor before the step (AdamW: 1 - lr * wd) */
+} adam_t;
+
+static adam_t adam_consts(const omv_sgd_t *u, uint64_t t)
+{
+    double b1 = u->momentum, b2 = u->beta2;
+    double bc1 = 1.0 - pow(b1, (double)t), bc2 = 1.0 - pow(b2, (double)t);
+    int decoupled = u->kind == OMV_UPDATE_ADAMW;
+    return (adam_t){
+        .b1 = (float)b1,
+        .c1 = (float)(1.0 - b1),
+        .b2 = (float)b2,
+        .c2 = (float)(1.0 - b2),
+        .step = (float)(u->learning_rate / bc1),
+        .rc2 = (float)(1.0 / sqrt(bc2)),
+        .eps = u->epsilon,
+        .wd = decoupled ? 0.0f : u->weight_decay,
+        .decay = decoupled ? 1.0f - u->learning_rate * u->weight_decay : 1.0f,
+    };
+}
+
+/* One weight's Adam step from its gradient g (inlined into each loop below). */
+static inline void adam_one(float *restrict w, float *restrict m, float *restrict s, float g,
+                            const adam_t *k)
+{
+    g += k->wd * *w;
+    float mi = k->b1 * *m + k->c1 * g;
+    float si = k->b2 * *s + k->c2 * g * g;
+    *m = mi;
+    *s = si;
+    *w = *w * k->decay - k->step * mi / (sqrtf(si) * k->rc2 + k->eps);
+}
+
+HOT static void adam_step(float *restrict w, float *restrict m, float *restrict s,
+                          float *restrict sum, size_t n, float inv, adam_t k)
+{
+    for (size_t i = 0; i < n; i++) {
+        adam_one(&w[i], &m[i], &s[i], sum[i] * inv, &k);
+        sum[i] = 0.0f;
+    }
+}
+
+HOT static void adam_step_one(float *restrict w, float *restrict m, float *restrict s,
+                              const float *restrict grad, size_t n, adam_t k)
+{
+    for (size_t i = 0; i < n; i++)
+        adam_one(&w[i], &m[i], &s[i], grad[i], &k);
+}
+
 static inline float widen(const unsigned char *p, size_t i)
 {
     uint16_t h;
@@ -97,10 +176,48 @@ HOT static void sgd_step_one_bf16(float *restrict w, float *restrict v,
     }
 }
 
+HOT static void adam_step_one_bf16(float *restrict w, float *restrict m, float *restrict s,
+                                   const unsigned char *restrict grad, size_t n, adam_t k)
+{
+    for (size_t i = 0; i < n; i++)
+        adam_one(&w[i], &m[i], &s[i], widen(grad, i), &k);
+}
+
+static int is_adam(const omv_shard_t *self, const omv_sgd_t *u)
+{
+    if (u->kind == OMV_UPDATE_SGD)
+        return 0;
+    assert(self->second != NULL); /* omv_shard_use_adam was not called: our bug */
+    return 1;
+}
+
+/* The state at the shard's end (from `trained` on: batch norm's running statistics) is not
+ * trained: it takes the value the group's members sent, their mean. */
+HOT static void state_mean(float *restrict w, float *restrict sum, size_t n, float inv)
+{
+    for (size_t i = 0; i < n; i++) {
+        w[i] = sum[i] * inv;
+        sum[i] = 0.0f;
+    }
+}
+
+static void state_one_bf16(float *restrict w, const unsigned char *restrict v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = widen(v, i);
+}
+
 void omv_shard_apply_one_bf16(omv_shard_t *self, const void *grad16, const omv_sgd_t *sgd)
 {
-    sgd_step_one_bf16(self->params, self->velocity, grad16, self->count, sgd->learning_rate,
-                      sgd->momentum, sgd->weight_decay);
+    size_t n = self->trained;
+    const unsigned char *g = grad16;
+    state_one_bf16(self->params + n, g + 2 * n, self->count - n);
+    if (is_adam(self, sgd))
+        adam_step_one_bf16(self->params, self->velocity, self->second, g, n,
+                           adam_consts(sgd, ++self->steps));
+    else
+        sgd_step_one_bf16(self->params, self->velocity, g, n, sgd->learning_rate, sgd->momentum,
+                          sgd->weight_decay);
 }
 
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16)
@@ -116,8 +233,14 @@ int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *gra
 
 void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *sgd)
 {
-    sgd_step_one(self->params, self->velocity, grad, self->count, sgd->learning_rate, sgd->momentum,
-                 sgd->weight_decay);
+    size_t n = self->trained;
+    memcpy(self->params + n, grad + n, (self->count - n) * sizeof(float));
+    if (is_adam(self, sgd))
+        adam_step_one(self->params, self->velocity, self->second, grad, n,
+                      adam_consts(sgd, ++self->steps));
+    else
+        sgd_step_one(self->params, self->velocity, grad, n, sgd->learning_rate, sgd->momentum,
+                     sgd->weight_decay);
 }
 
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
@@ -140,8 +263,15 @@ void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors, c
         memset(sum, 0, self->count * sizeof(float));
         return;
     }
-    sgd_step(self->params, self->velocity, sum, self->count, 1.0f / (float)contributors,
-             sgd->learning_rate, sgd->momentum, sgd->weight_decay);
+    size_t n = self->trained;
+    float inv = 1.0f / (float)contributors;
+    state_mean(self->params + n, sum + n, self->count - n, inv);
+    if (is_adam(self, sgd))
+        adam_step(self->params, self->velocity, self->second, sum, n, inv,
+                  adam_consts(sgd, ++self->steps));
+    else
+        sgd_step(self->params, self->velocity, sum, n, inv, sgd->learning_rate, sgd->momentum,
+                 sgd->weight_decay);
 }
 
 void omv_shard_discard(omv_shard_t *self, uint32_t group)

@@ -1,30 +1,55 @@
-/* One shard of the model: a contiguous range of the flat parameter vector, its momentum, and
- * one pending gradient sum per compute group (made the first time the group sums a gradient,
- * so that room for many groups costs nothing until they are used). The update is SGD with
- * momentum and weight decay (PyTorch's form) on the mean of a group's gradients. */
+/* One shard of the model: a contiguous range of the flat parameter vector, its optimizer state,
+ * and one pending gradient sum per compute group (made the first time the group sums a gradient,
+ * so that room for many groups costs nothing until they are used). The update, on the mean of a
+ * group's gradients, is SGD with momentum and weight decay, Adam, or AdamW (PyTorch's forms). */
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
     uint32_t offset, count; /* range in the flat parameter vector */
+    uint32_t trained;       /* values [0, trained) are trained by the update rule; the rest are
+                             * state (batch norm's running statistics) that takes the mean of
+                             * the values the members send in the gradient's place
+                             * (omv_shard_set_state; count without state) */
     uint32_t n_groups;
     float *params;   /* [count], borrowed: a view into the daemon's model */
-    float *velocity; /* [count] */
+    float *velocity; /* [count] SGD's momentum buffer; Adam's first moment */
+    float *second;   /* [count] Adam's second moment; NULL for SGD (omv_shard_use_adam) */
+    uint64_t steps;  /* Adam's updates applied, for the bias correction */
     float **pending; /* [n_groups] -> [count] sums of the gradients of the group's current step,
                       * NULL until the group first sums one */
 } omv_shard_t;
 
+/* Which update rule a shard applies. */
+typedef enum {
+    OMV_UPDATE_SGD = 0,
+    OMV_UPDATE_ADAM,  /* weight decay added to the gradient (L2), as torch.optim.Adam */
+    OMV_UPDATE_ADAMW, /* weight decay decoupled from the gradient, as torch.optim.AdamW */
+} omv_update_kind_t;
+
+/* The update rule in force. For Adam and AdamW momentum is beta1 (the knob the optimizer
+ * tunes); beta2 and epsilon are only read by them. */
 typedef struct {
     float learning_rate;
     float momentum;
     float weight_decay;
+    uint32_t kind; /* omv_update_kind_t */
+    double beta2;  /* double: 1 - beta2 is small, and float would round it by 1e-5 */
+    float epsilon;
 } omv_sgd_t;
 
 /* Sets up the shard over params[count] (borrowed). Returns 0 or -ENOMEM. */
 int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t count,
                    uint32_t n_groups);
 void omv_shard_fini(omv_shard_t *self);
+/* The model's state (untrained values) begins at state_offset of the flat vector: this shard's
+ * share of it is set apart from the update rule. */
+void omv_shard_set_state(omv_shard_t *self, size_t state_offset);
+/* Makes room for Adam's second moment (zero, with no steps taken): needed before an update of
+ * kind ADAM or ADAMW is applied. Returns 0 or -ENOMEM. */
+int omv_shard_use_adam(omv_shard_t *self);
 
 /* Adds grad[count] to the group's pending sum. Returns 0, or -ENOMEM when the group's sum
  * could not be made (the gradient is then not added). */
@@ -34,8 +59,13 @@ int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16);
 
 /* Applies the group's pending sum as one update with the mean over `contributors` gradients
- * (none: the model is left as it is), then clears the sum:
- *   g = sum / contributors + weight_decay * w;  v = momentum * v + g;  w -= learning_rate * v */
+ * (none: the model is left as it is), then clears the sum. With g = sum / contributors:
+ *   SGD:   g += weight_decay * w;  v = momentum * v + g;  w -= learning_rate * v
+ *   Adam:  g += weight_decay * w (ADAMW instead: w *= 1 - learning_rate * weight_decay);
+ *          t = ++steps;  m = b1 * m + (1 - b1) * g;  s = b2 * s + (1 - b2) * g * g;
+ *          w -= learning_rate * (m / (1 - b1^t)) / (sqrt(s / (1 - b2^t)) + epsilon)
+ * with m in velocity, s in second, b1 = momentum, b2 = beta2. State values (from `trained` on)
+ * become the mean of the values sent instead: w = sum / contributors. */
 void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors,
                      const omv_sgd_t *sgd);
 

@@ -194,7 +194,10 @@ static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
 {
     if (cmd->norm_bound <= 0.0f)
         return 1;
-    uint32_t n = self->shard->count;
+    /* The trained values only: the state (batch norm's running statistics) is no gradient. */
+    uint32_t n = self->shard->trained;
+    if (n == 0)
+        return 1;
     float norm = sqrtf(g16 ? omv_bf16_sum_squares(g16, n) : omv_sum_squares(grad, n));
     if (self->norms_learned >= cmd->norm_warmup &&
         !((double)norm <= (double)cmd->norm_bound * self->norm_peak)) {
@@ -323,6 +326,37 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
     reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, &payload);
 }
 
+/* Copies the shard's range of the model and its optimizer state into the whole-model arrays the
+ * command names. */
+static void gather(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd)
+{
+    const omv_shard_t *sh = self->shard;
+    size_t bytes = sh->count * sizeof(float);
+    if (cmd->params_dst)
+        memcpy(cmd->params_dst + sh->offset, sh->params, bytes);
+    if (cmd->velocity_dst)
+        memcpy(cmd->velocity_dst + sh->offset, sh->velocity, bytes);
+    if (cmd->second_dst && sh->second)
+        memcpy(cmd->second_dst + sh->offset, sh->second, bytes);
+    if (cmd->steps_dst)
+        cmd->steps_dst[self->index] = sh->steps;
+}
+
+/* The other way: the shard's range from the whole-model arrays the command names. */
+static void restore(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd)
+{
+    omv_shard_t *sh = self->shard;
+    size_t bytes = sh->count * sizeof(float);
+    if (cmd->params_src)
+        memcpy(sh->params, cmd->params_src + sh->offset, bytes);
+    if (cmd->velocity_src)
+        memcpy(sh->velocity, cmd->velocity_src + sh->offset, bytes);
+    if (cmd->second_src && sh->second)
+        memcpy(sh->second, cmd->second_src + sh->offset, bytes);
+    if (cmd->steps_src)
+        sh->steps = cmd->steps_src[self->index];
+}
+
 /* Runs one command (the payload, if any, is taken). Returns 1 for QUIT, else 0. */
 static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                   size_t peer_len, omv_payload_t *payload)
@@ -359,17 +393,11 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
         on_serve(self, cmd, peer, peer_len);
         break;
     case OMV_SHARD_CMD_GATHER:
-        if (cmd->params_dst)
-            memcpy(cmd->params_dst + sh->offset, sh->params, sh->count * sizeof(float));
-        if (cmd->velocity_dst)
-            memcpy(cmd->velocity_dst + sh->offset, sh->velocity, sh->count * sizeof(float));
+        gather(self, cmd);
         reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
         break;
     case OMV_SHARD_CMD_RESTORE:
-        if (cmd->params_src)
-            memcpy(sh->params, cmd->params_src + sh->offset, sh->count * sizeof(float));
-        if (cmd->velocity_src)
-            memcpy(sh->velocity, cmd->velocity_src + sh->offset, sh->count * sizeof(float));
+        restore(self, cmd);
         self->version++; /* snapshots of the old parameters must not answer pulls */
         reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
         break;

@@ -21,8 +21,8 @@ typedef enum {
     OMV_SHARD_CMD_APPLY,
     OMV_SHARD_CMD_DISCARD,
     OMV_SHARD_CMD_SERVE,   /* extra: the peer */
-    OMV_SHARD_CMD_GATHER,  /* copy parameters (and momentum) out, then acknowledge */
-    OMV_SHARD_CMD_RESTORE, /* copy parameters and momentum in, then acknowledge */
+    OMV_SHARD_CMD_GATHER,  /* copy parameters (and optimizer state) out, then acknowledge */
+    OMV_SHARD_CMD_RESTORE, /* copy parameters and optimizer state in, then acknowledge */
     OMV_SHARD_CMD_QUIT,
 } omv_shard_cmd_type_t;
 
@@ -47,9 +47,15 @@ typedef struct {
                                              * NULL); the shard writes its range */
     const float *params_src, *velocity_src; /* RESTORE: whole-model arrays it reads its
                                              * range from */
-    float *shm_dst;       /* SERVE with wire OMV_WIRE_SHM: the worker's params segment (whole
-                           * model), where the shard writes its range */
-    const float *shm_src; /* PUSH with wire OMV_WIRE_SHM: the worker's grads segment */
+    float *shm_dst;            /* SERVE with wire OMV_WIRE_SHM: the worker's params segment (whole
+                                * model), where the shard writes its range */
+    const float *shm_src;      /* PUSH with wire OMV_WIRE_SHM: the worker's grads segment */
+    float *second_dst;         /* GATHER: Adam's second moments, whole-model
+                                * (NULL: not wanted, or the shard has none) */
+    const float *second_src;   /* RESTORE: the same, read */
+    uint64_t *steps_dst;       /* GATHER: [shards] Adam's steps, at the shard's
+                                * index (may be NULL) */
+    const uint64_t *steps_src; /* RESTORE: the same, read */
 } omv_shard_cmd_t;
 
 /* Replies, from the thread to the event loop. */

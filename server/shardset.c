@@ -35,7 +35,7 @@ static int start_executors(omv_shardset_t *self)
 
 omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
                                  const omv_model_layout_t *layout, uint32_t n_shards,
-                                 uint32_t max_groups, uint64_t seed)
+                                 uint32_t max_groups, uint64_t seed, int adam)
 {
     omv_shardset_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
@@ -51,15 +51,22 @@ omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
     self->threads = calloc(self->n_shards, sizeof(*self->threads));
     self->gather_params = malloc(n * sizeof(float));
     self->gather_velocity = malloc(n * sizeof(float));
+    self->adam = adam;
+    if (adam)
+        self->gather_second = malloc(n * sizeof(float));
     int r = -ENOMEM;
     if (!self->params || !self->shards || !self->threads || !self->gather_params ||
-        !self->gather_velocity)
+        !self->gather_velocity || (adam && !self->gather_second))
         goto fail;
     omv_model_init(layout, self->params, seed);
     for (uint32_t s = 0; s < self->n_shards; s++) {
         uint32_t off = self->offsets[s];
         r = omv_shard_init(&self->shards[s], self->params + off, off, self->offsets[s + 1] - off,
                            max_groups);
+        if (r == 0)
+            omv_shard_set_state(&self->shards[s], layout->state_offset);
+        if (r == 0 && adam)
+            r = omv_shard_use_adam(&self->shards[s]);
         if (r < 0)
             goto fail;
     }
@@ -114,8 +121,10 @@ void omv_shardset_destroy(omv_shardset_t **self_p)
     free(self->params);
     free(self->gather_params);
     free(self->gather_velocity);
+    free(self->gather_second);
     free(self->probe_params);
     free(self->probe_velocity);
+    free(self->probe_second);
     free(self);
     *self_p = NULL;
 }
@@ -247,9 +256,12 @@ static int to_all_shards(omv_shardset_t *self, const omv_shard_cmd_t *cmd)
 
 int omv_shardset_gather(omv_shardset_t *self, int velocity)
 {
-    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER,
-                           .params_dst = self->gather_params,
-                           .velocity_dst = velocity ? self->gather_velocity : NULL};
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER, .params_dst = self->gather_params};
+    if (velocity) {
+        cmd.velocity_dst = self->gather_velocity;
+        cmd.second_dst = self->gather_second;
+        cmd.steps_dst = self->gather_steps;
+    }
     return to_all_shards(self, &cmd);
 }
 
@@ -259,33 +271,53 @@ int omv_shardset_sync(omv_shardset_t *self)
     return to_all_shards(self, &cmd);
 }
 
-int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity)
+int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity,
+                         const float *second, const uint64_t *steps)
 {
-    omv_shard_cmd_t cmd = {
-        .type = OMV_SHARD_CMD_RESTORE, .params_src = params, .velocity_src = velocity};
+    omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_RESTORE,
+                           .params_src = params,
+                           .velocity_src = velocity,
+                           .second_src = second,
+                           .steps_src = steps};
     return to_all_shards(self, &cmd);
+}
+
+/* Makes the arrays of the probe base. Returns 0 or -ENOMEM (none made). */
+static int make_probe_base(omv_shardset_t *self)
+{
+    size_t n = self->param_count;
+    self->probe_params = malloc(n * sizeof(float));
+    self->probe_velocity = malloc(n * sizeof(float));
+    if (self->adam)
+        self->probe_second = malloc(n * sizeof(float));
+    if (self->probe_params == NULL || self->probe_velocity == NULL ||
+        (self->adam && self->probe_second == NULL)) {
+        free(self->probe_params);
+        free(self->probe_velocity);
+        free(self->probe_second);
+        self->probe_params = self->probe_velocity = self->probe_second = NULL;
+        return -ENOMEM;
+    }
+    return 0;
 }
 
 int omv_shardset_probe_base(omv_shardset_t *self, int restore)
 {
-    size_t n = self->param_count;
     if (self->probe_params == NULL) {
         if (restore)
             return -ENOENT;
-        self->probe_params = malloc(n * sizeof(float));
-        self->probe_velocity = malloc(n * sizeof(float));
-        if (self->probe_params == NULL || self->probe_velocity == NULL) {
-            free(self->probe_params);
-            free(self->probe_velocity);
-            self->probe_params = self->probe_velocity = NULL;
-            return -ENOMEM;
-        }
+        int r = make_probe_base(self);
+        if (r < 0)
+            return r;
     }
     if (restore)
-        return omv_shardset_restore(self, self->probe_params, self->probe_velocity);
+        return omv_shardset_restore(self, self->probe_params, self->probe_velocity,
+                                    self->probe_second, self->probe_steps);
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_GATHER,
                            .params_dst = self->probe_params,
-                           .velocity_dst = self->probe_velocity};
+                           .velocity_dst = self->probe_velocity,
+                           .second_dst = self->probe_second,
+                           .steps_dst = self->probe_steps};
     return to_all_shards(self, &cmd);
 }
 

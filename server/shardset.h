@@ -21,22 +21,28 @@ typedef struct {
     size_t param_count;
     uint32_t n_shards;
     uint32_t offsets[OMV_WIRE_MAX_SHARDS + 1];
-    float *params;                          /* [param_count], split among the shards */
-    omv_shard_t *shards;                    /* [n_shards], each owned by its executor */
-    omv_shard_thread_t **threads;           /* [n_shards] */
-    uint32_t threaded;                      /* shards with a thread of their own */
-    float *gather_params, *gather_velocity; /* [param_count]: what omv_shardset_gather fills */
-    float *probe_params, *probe_velocity;   /* [param_count] the probe base, made when first
-                                             * saved */
+    float *params;                              /* [param_count], split among the shards */
+    omv_shard_t *shards;                        /* [n_shards], each owned by its executor */
+    omv_shard_thread_t **threads;               /* [n_shards] */
+    uint32_t threaded;                          /* shards with a thread of their own */
+    int adam;                                   /* the shards keep Adam's second moments */
+    float *gather_params, *gather_velocity;     /* [param_count]: what omv_shardset_gather fills */
+    float *gather_second;                       /* [param_count] with adam, else NULL */
+    uint64_t gather_steps[OMV_WIRE_MAX_SHARDS]; /* [n_shards] Adam's steps */
+    float *probe_params, *probe_velocity;       /* [param_count] the probe base, made when first
+                                                 * saved */
+    float *probe_second;                        /* [param_count] with adam */
+    uint64_t probe_steps[OMV_WIRE_MAX_SHARDS];
     uint8_t pipe_extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 } omv_shardset_t;
 
 /* Lays out layout's parameters in n_shards shards (fewer when the model is smaller), with room
- * for max_groups pending sums each, initialised from seed, and starts their executors. Returns
- * NULL with errno set after logging why. Caller owns; omv_shardset_destroy. */
+ * for max_groups pending sums each and, with adam, Adam's second moments, initialised from seed,
+ * and starts their executors. Returns NULL with errno set after logging why. Caller owns;
+ * omv_shardset_destroy. */
 omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
                                  const omv_model_layout_t *layout, uint32_t n_shards,
-                                 uint32_t max_groups, uint64_t seed);
+                                 uint32_t max_groups, uint64_t seed, int adam);
 
 /* Stops the executors and frees the set once ZeroMQ no longer holds parameters on their way
  * out (waits up to 2 s; after that the snapshots are left allocated, and logged). */
@@ -52,18 +58,21 @@ void omv_shardset_send_all(omv_shardset_t *self, const omv_shard_cmd_t *cmd,
 /* Handles what the executors sent back: parameters to forward, refusals. */
 void omv_shardset_drain(omv_shardset_t *self);
 
-/* Copies the model (and the momentum, when velocity is set) into gather_params
- * (gather_velocity): every update sent so far is in it. Returns 0 or a negative errno. */
+/* Copies the model (and the optimizer state, when velocity is set: momentum, and with adam the
+ * second moments and steps) into gather_params (gather_velocity, gather_second, gather_steps):
+ * every update sent so far is in it. Returns 0 or a negative errno. */
 int omv_shardset_gather(omv_shardset_t *self, int velocity);
 
 /* Returns once every command sent so far has run on every shard (nothing in flight points
  * into memory about to be freed). Returns 0 or a negative errno. */
 int omv_shardset_sync(omv_shardset_t *self);
 
-/* Puts params (and velocity, which may be NULL) back into the shards. Returns 0 or -errno. */
-int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity);
+/* Puts params back into the shards, and the optimizer state that is not NULL: velocity and
+ * second [param_count], steps [n_shards]. Returns 0 or -errno. */
+int omv_shardset_restore(omv_shardset_t *self, const float *params, const float *velocity,
+                         const float *second, const uint64_t *steps);
 
-/* Saves the model and its momentum as the probe base (restore 0) or puts them back (1).
+/* Saves the model and its optimizer state as the probe base (restore 0) or puts them back (1).
  * Returns 0, -ENOENT (no base to restore) or a negative errno. */
 int omv_shardset_probe_base(omv_shardset_t *self, int restore);
 

@@ -37,7 +37,9 @@ omv_tuner_t *omv_tuner_new(const omv_job_t *j, const char *ckpt_dir)
     omv_optimizer_params_t *p = &self->params;
     omv_optimizer_params_init(p, (uint32_t)j->workers);
     p->groups = j->tune_groups ? OMV_OPT_TUNE : (int32_t)j->groups;
-    p->momentum = j->tune_momentum ? -1.0 : j->momentum;
+    /* Adam's beta1 is the momentum knob (it plays the part of SGD's momentum). */
+    double momentum = j->update == OMV_JOB_UPDATE_SGD ? j->momentum : j->beta1;
+    p->momentum = j->tune_momentum ? -1.0 : momentum;
     p->lr = j->tune_learning_rate ? -1.0 : j->learning_rate;
     p->phase_steps = (uint32_t)j->phase_steps;
     p->probe_steps = (uint32_t)j->probe_steps;
@@ -149,8 +151,8 @@ static void write_decisions(omv_tuner_t *self)
     omv_strbuf_fini(&b);
 }
 
-int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending, float weight_decay,
-                   omv_reconfig_t *ret)
+int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending,
+                   const omv_sgd_t *rule, omv_reconfig_t *ret)
 {
     if (!omv_tuner_active(self))
         return 0;
@@ -169,7 +171,9 @@ int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending,
         if (cmd.flags & OMV_OPT_CMD_SET) {
             rc.groups = cmd.groups;
             rc.set_sgd = 1;
-            rc.sgd = (omv_sgd_t){(float)cmd.lr, (float)cmd.momentum, weight_decay};
+            rc.sgd = *rule;
+            rc.sgd.learning_rate = (float)cmd.lr;
+            rc.sgd.momentum = (float)cmd.momentum;
         }
         *ret = rc;
         asked = 1;

@@ -48,9 +48,10 @@ void omv_tuner_observe(omv_tuner_t *self, uint32_t group, uint64_t clock, double
 
 /* Asks the optimizer for its next command (after each step and from the cron). Returns 1 with
  * the change it asks for in *ret (merge it into the pending one), else 0. pending is the change
- * already waiting; weight_decay is kept in the SGD settings it sets. */
-int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending, float weight_decay,
-                   omv_reconfig_t *ret);
+ * already waiting; the update rule it sets is `rule` with the optimizer's learning rate and
+ * momentum (beta1 for Adam and AdamW). */
+int omv_tuner_poll(omv_tuner_t *self, double now, const omv_reconfig_t *pending,
+                   const omv_sgd_t *rule, omv_reconfig_t *ret);
 
 /* The command gen was carried out between steps, at `epoch`. */
 void omv_tuner_applied(omv_tuner_t *self, uint64_t gen, double epoch, double now);

@@ -342,6 +342,12 @@ static void make(omv_checkpoint_t *c, uint64_t seq, uint64_t param_count, uint32
         c->params[i] = any_float(&rng);
         c->velocity[i] = any_float(&rng);
     }
+    /* Adam's state: second moments and its step count. */
+    c->second = malloc((param_count ? param_count : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(c->second);
+    for (uint64_t i = 0; i < param_count; i++)
+        c->second[i] = (float)omv_rng_uniform(&rng);
+    c->adam_steps = (UINT64_C(1) << 36) + seed;
     const float special[] = {-0.0f, FLT_MIN, FLT_MAX, -FLT_MAX, FLT_TRUE_MIN, 1.0f / 3.0f};
     for (size_t i = 0; i < OMV_ARRAY_SIZE(special) && i < param_count; i++)
         c->params[i] = special[i];
@@ -358,6 +364,7 @@ static void make(omv_checkpoint_t *c, uint64_t seq, uint64_t param_count, uint32
     }
     c->job_text = dup_or_die("# a job\n[model]\nlayers = 784 100 10\n\n[train]\nepochs = 3\n");
     c->members = dup_or_die("1 host-a 1234 0\n2 h\xc3\xb6st-b 99 1\n");
+    c->model_text = dup_or_die("input 784\nfc 100\nrelu\nfc 10\n");
     /* The optimizer in phase 3, with the phases before it. */
     omv_checkpoint_opt_t *o = &c->opt;
     o->present = 1;
@@ -403,6 +410,12 @@ static void assert_same(const omv_checkpoint_t *got, const omv_checkpoint_t *wan
                   "parameters differ");
     ck_assert_msg(memcmp(got->velocity, want->velocity, want->param_count * sizeof(float)) == 0,
                   "momentum differs");
+    ck_assert_int_eq(got->second != NULL, want->second != NULL);
+    if (want->second) {
+        ck_assert_msg(memcmp(got->second, want->second, want->param_count * sizeof(float)) == 0,
+                      "Adam's second moments differ");
+        ck_assert_uint_eq(got->adam_steps, want->adam_steps);
+    }
     ck_assert_mem_eq(&got->learning_rate, &want->learning_rate, sizeof(double));
     ck_assert_mem_eq(&got->momentum, &want->momentum, sizeof(double));
     ck_assert_mem_eq(&got->weight_decay, &want->weight_decay, sizeof(double));
@@ -412,6 +425,7 @@ static void assert_same(const omv_checkpoint_t *got, const omv_checkpoint_t *wan
     /* A missing text is written as empty; either reading of it is the same to the daemon. */
     ck_assert_str_eq(text_or_empty(got->job_text), text_or_empty(want->job_text));
     ck_assert_str_eq(text_or_empty(got->members), text_or_empty(want->members));
+    ck_assert_str_eq(text_or_empty(got->model_text), text_or_empty(want->model_text));
     ck_assert_uint_eq(got->opt.present, want->opt.present);
     if (!want->opt.present)
         return;
@@ -515,9 +529,14 @@ END_TEST
 
 START_TEST(test_roundtrip_without_optional_parts)
 {
-    /* No job text, no members, no evaluations yet, no optimizer; ret_path may be left out. */
+    /* No job text, no members, no evaluations yet, no optimizer, no Adam state (SGD's, as every
+     * checkpoint before Adam was); ret_path may be left out. */
     omv_checkpoint_t want, got;
     make(&want, 1, 5, 1, 0, 2);
+    free(want.second);
+    want.second = NULL;
+    free(want.model_text);
+    want.model_text = NULL;
     free(want.job_text);
     free(want.members);
     want.job_text = want.members = NULL;
@@ -531,6 +550,8 @@ START_TEST(test_roundtrip_without_optional_parts)
     ck_assert_msg(r == 0, "read: %d %s", r, err);
     assert_same(&got, &want);
     ck_assert_uint_eq(got.n_history, 0);
+    ck_assert_ptr_null(got.second);
+    ck_assert_uint_eq(got.adam_steps, 0);
     omv_checkpoint_fini(&got);
     omv_checkpoint_fini(&want);
 }
@@ -963,6 +984,10 @@ START_TEST(test_optimizer_section_is_optional)
     make(&want, 1, 4, 2, 0, 3);
     free(want.opt.phases);
     memset(&want.opt, 0, sizeof(want.opt));
+    free(want.second); /* an SGD job's, without its model text */
+    want.second = NULL;
+    free(want.model_text);
+    want.model_text = NULL;
     write_ok(&want, dir);
     size_t len;
     unsigned char *buf = slurp(ckpt_path(dir, 1), &len);
@@ -992,6 +1017,7 @@ START_TEST(test_optimizer_section_is_optional)
     ck_assert_int_eq(omv_checkpoint_read(&got, ckpt_path(dir, 2), err), 0);
     ck_assert_uint_eq(got.opt.present, 0);
     ck_assert_uint_eq(got.clocks[1], 6);
+    ck_assert_ptr_null(got.second); /* written before Adam: SGD's state */
     omv_checkpoint_fini(&got);
 }
 END_TEST

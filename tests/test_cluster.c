@@ -148,12 +148,14 @@ START_TEST(test_overlap_bit_identical)
      * its shards came, the next pull sent before this step's pushes and answered shard by shard
      * as the daemon applies them) changes when bytes move, never what is computed: in a
      * synchronous group the same seed gives the same parameters and momentum, bit for bit, as
-     * the serial order. A model of conv and fc layers in 4 shards along its layers. */
+     * the serial order. A model of conv, batch norm (its running statistics are state, pulled
+     * and pushed with the rest) and fc layers in 4 shards along its layers. */
     char model[700];
     snprintf(model, sizeof(model), "%s/mixed.model", test_dir);
     FILE *f = fopen(model, "w");
     ck_assert_ptr_nonnull(f);
-    fputs("input 1x8x8\nconv 8 3x3 pad 1\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n", f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nbatchnorm\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n",
+          f);
     fclose(f);
     model_section = "definition = mixed.model";
     /* bf16 on the socket: serial and overlapped. */
@@ -176,6 +178,53 @@ START_TEST(test_overlap_bit_identical)
     omv_checkpoint_fini(&serial);
     omv_checkpoint_fini(&overlapped);
     omv_checkpoint_fini(&shared);
+}
+END_TEST
+
+START_TEST(test_train_resnet_adamw_export_init)
+{
+    /* A residual network with batch norm, trained with AdamW over bf16: its running statistics
+     * travel with the gradients and the daemon's average is what evaluation uses, so the test
+     * accuracy is that of a trained network. Its checkpoint exports, and a job started from the
+     * export ([model] init) is trained from its first step. */
+    char model[700];
+    snprintf(model, sizeof(model), "%s/res.model", test_dir);
+    FILE *f = fopen(model, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nbatchnorm\nrelu\nsave a\nconv 8 3x3 pad 1\n"
+          "batchnorm\nadd a\nrelu\nsave b\nconv 16 3x3 stride 2 pad 1\nbatchnorm\nadd b\nrelu\n"
+          "globalavgpool\nfc 4\n",
+          f);
+    fclose(f);
+    model_section = "definition = res.model";
+    write_job(2, 4, "groups = 1\nstaleness = none\nwire = bf16\nshards = 3");
+    model_section = "layers = 64 32 4";
+    static char json[65536], out[8192];
+    int rc = run_ctl(json, sizeof(json),
+                     "--set train.optimizer=adamw --set train.learning_rate=0.01 "
+                     "--set train.weight_decay=0.01");
+    ck_assert_msg(rc == 0 && has_text(json, "\"state\":\"done\""), "rc %d: %s", rc, json);
+    ck_assert_msg(json_number(json, "test_accuracy") > 0.95, "%s", json);
+    char ckpt[1024];
+    const char *at = strstr(json, "\"checkpoint\":\"");
+    ck_assert_ptr_nonnull(at);
+    at += strlen("\"checkpoint\":\"");
+    size_t len = strcspn(at, "\"");
+    ck_assert_uint_lt(len, sizeof(ckpt));
+    memcpy(ckpt, at, len);
+    ckpt[len] = '\0';
+    char args[2400];
+    snprintf(args, sizeof(args), "export %s --out %s/res.safetensors", ckpt, test_dir);
+    ck_assert_msg(run_omnivorectl(out, sizeof(out), NULL, args) == 0, "%s: %s", args, out);
+    /* One epoch from the export with a rate too small to learn much: trained all along. */
+    snprintf(args, sizeof(args),
+             "--set model.init=%s/res.safetensors --set job.epochs=1 "
+             "--set train.learning_rate=0.00001 --set eval.every_epochs=0.25",
+             test_dir);
+    ck_assert_int_eq(run_ctl(json, sizeof(json), args), 0);
+    const char *first = strstr(json, "\"history\":[{\"epoch\":0.25");
+    ck_assert_msg(first != NULL, "%s", json);
+    ck_assert_msg(json_number(first, "test_accuracy") > 0.95, "%s", json);
 }
 END_TEST
 
@@ -543,6 +592,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_train_sync);
     tcase_add_test(tc, test_train_cnn);
+    tcase_add_test(tc, test_train_resnet_adamw_export_init);
     tcase_add_test(tc, test_train_bf16);
     tcase_add_test(tc, test_train_uneven);
     tcase_add_test(tc, test_overlap_bit_identical);

@@ -7,6 +7,7 @@
 
 #include "daemon.h"
 #include "job.h"
+#include "model.h"
 #include "testutil.h"
 
 static void check_file(const omv_config_entry_t *table, size_t n, void *target, const char *rel)
@@ -59,6 +60,23 @@ START_TEST(test_example_cnn_job)
 }
 END_TEST
 
+START_TEST(test_example_resnet_job)
+{
+    omv_job_t job;
+    check_file(omv_job_table, omv_job_table_len, &job, "examples/fashion-resnet.ini");
+    char err[OMV_CONFIG_ERR_MAX], path[1024];
+    snprintf(path, sizeof(path), "%s/examples/fashion-resnet.ini", getenv("OMV_SOURCE_ROOT"));
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    /* Residual blocks with batch norm, augmented, on a cosine schedule. */
+    omv_model_layout_t l;
+    ck_assert_int_eq(omv_model_parse(&l, job.model_text, job.model_name, err), 0);
+    ck_assert_uint_lt(l.state_offset, l.param_count);
+    ck_assert_ptr_nonnull(strstr(job.model_text, "add b"));
+    ck_assert_int_gt(job.augment_pad, 0);
+    ck_assert_int_eq(job.schedule, OMV_JOB_SCHEDULE_COSINE);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config_files");
@@ -66,6 +84,7 @@ int main(void)
     tcase_add_test(tc, test_daemon_conf);
     tcase_add_test(tc, test_example_job);
     tcase_add_test(tc, test_example_cnn_job);
+    tcase_add_test(tc, test_example_resnet_job);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }

@@ -401,7 +401,7 @@ START_TEST(test_gather_normalises)
     omv_dataset_t d;
     char err[OMV_CONFIG_ERR_MAX];
     ck_assert_int_eq(omv_dataset_load_cifar(&d, cifar_list, 0, 0, err), 0);
-    omv_dataset_norm_t norm = {0.5f, {1.0f, 2.0f, 3.0f}, {2.0f, 4.0f, 8.0f}, 3, 3};
+    omv_dataset_norm_t norm = {0.5f, {1.0f, 2.0f, 3.0f}, {2.0f, 4.0f, 8.0f}, 3, 3, 0, 0, 0};
     const uint32_t idx[2] = {4, 1};
     float *x = malloc(2 * 3072 * sizeof(float));
     uint8_t y[2];
@@ -417,7 +417,7 @@ START_TEST(test_gather_normalises)
                 ck_assert_float_eq_tol(x[i * 3072 + p * 3 + c], want, 1e-4f);
             }
     /* One mean and std for every channel. */
-    omv_dataset_norm_t one = {1.0f / 255, {0.5f}, {0.25f}, 1, 1};
+    omv_dataset_norm_t one = {1.0f / 255, {0.5f}, {0.25f}, 1, 1, 0, 0, 0};
     omv_dataset_gather(&d, &one, idx, 1, x, y);
     float byte = cifar_px[4 * 3072 + 2 * 1024 + 5];
     ck_assert_float_eq_tol(x[5 * 3 + 2], (byte / 255 - 0.5f) / 0.25f, 1e-5f);
@@ -436,6 +436,76 @@ START_TEST(test_gather_normalises)
 }
 END_TEST
 
+/* Which crop and flip turned image i of the IDX set into out (scale 1: the bytes): the shift
+ * (dy, dx) in [-pad, pad] and the flip, found by trying them all; -1 when none does. */
+static int find_augment(const float *out, uint32_t i, int pad, int *ret_dy, int *ret_dx)
+{
+    for (int flip = 0; flip < 2; flip++)
+        for (int dy = -pad; dy <= pad; dy++)
+            for (int dx = -pad; dx <= pad; dx++) {
+                int same = 1;
+                for (int y = 0; y < ROWS && same; y++)
+                    for (int x = 0; x < COLS && same; x++) {
+                        int sy = y + dy, sx = (flip ? COLS - 1 - x : x) + dx;
+                        float want = sy >= 0 && sy < ROWS && sx >= 0 && sx < COLS
+                                         ? pixels[i * SIZE + sy * COLS + sx]
+                                         : 0.0f;
+                        same = out[y * COLS + x] == want;
+                    }
+                if (same) {
+                    *ret_dy = dy, *ret_dx = dx;
+                    return flip;
+                }
+            }
+    return -1;
+}
+
+START_TEST(test_augment_crops_and_flips)
+{
+    /* Every augmented image is its source padded by 1, cropped at a place in [-1, 1]^2 and
+     * maybe flipped; the same seed gives the same images, another pass's seed others; over many
+     * draws every shift and both flips occur. */
+    write_pair(0);
+    omv_dataset_t d;
+    char err[OMV_CONFIG_ERR_MAX];
+    ck_assert_int_eq(omv_dataset_load(&d, images, labels, 0, 0, err), 0);
+    omv_dataset_norm_t norm = {.scale = 1.0f, .augment_pad = 1, .augment_flip = 1};
+    uint32_t idx[COUNT] = {0, 1, 2, 3, 4};
+    float a[COUNT * SIZE], b[COUNT * SIZE], prev[COUNT * SIZE];
+    uint8_t y[COUNT];
+    int seen[2][3][3] = {{{0}}};
+    int differs = 0;
+    for (uint64_t pass = 0; pass < 40; pass++) {
+        norm.augment_seed = pass * 1000 + 7;
+        omv_dataset_gather(&d, &norm, idx, COUNT, a, y);
+        omv_dataset_gather(&d, &norm, idx, COUNT, b, y);
+        ck_assert_mem_eq(a, b, sizeof(a));
+        for (uint32_t i = 0; i < COUNT; i++) {
+            int dy, dx, flip = find_augment(a + i * SIZE, i, 1, &dy, &dx);
+            ck_assert_msg(flip >= 0, "pass %d image %u is no crop or flip of its source", (int)pass,
+                          i);
+            seen[flip][dy + 1][dx + 1]++;
+            ck_assert_uint_eq(y[i], label_bytes[i]);
+        }
+        if (pass > 0)
+            differs |= memcmp(a, prev, sizeof(a)) != 0;
+        memcpy(prev, a, sizeof(a));
+    }
+    ck_assert_msg(differs, "every pass drew the same images");
+    for (int f = 0; f < 2; f++)
+        for (int dy = 0; dy < 3; dy++)
+            for (int dx = 0; dx < 3; dx++)
+                ck_assert_msg(seen[f][dy][dx] > 0, "flip %d shift (%d, %d) never drawn", f, dy - 1,
+                              dx - 1);
+    /* Off: the images as they are. */
+    omv_dataset_norm_t off = {.scale = 1.0f};
+    omv_dataset_gather(&d, &off, idx, 1, a, y);
+    for (int p = 0; p < SIZE; p++)
+        ck_assert_float_eq(a[p], pixels[p]);
+    omv_dataset_fini(&d);
+}
+END_TEST
+
 static Suite *dataset_suite(void)
 {
     Suite *s = suite_create("dataset");
@@ -446,6 +516,7 @@ static Suite *dataset_suite(void)
     tcase_add_test(tc, test_slice);
     tcase_add_test(tc, test_slice_to_end);
     tcase_add_test(tc, test_probe);
+    tcase_add_test(tc, test_augment_crops_and_flips);
     suite_add_tcase(s, tc);
     tc = tcase_create("refusals");
     tcase_add_unchecked_fixture(tc, setup, teardown);

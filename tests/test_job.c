@@ -395,6 +395,64 @@ START_TEST(test_parse_layers)
 }
 END_TEST
 
+START_TEST(test_update_rules)
+{
+    omv_job_t job;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    write_job("[model]\nlayers = 4 2\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_int_eq(job.update, OMV_JOB_UPDATE_SGD);
+    write_job("[model]\nlayers = 4 2\n[train]\noptimizer = adamw\nbeta1 = 0.8\nbeta2 = 0.99\n"
+              "epsilon = 1e-6\nweight_decay = 0.05\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_int_eq(job.update, OMV_JOB_UPDATE_ADAMW);
+    ck_assert_double_eq(job.beta1, 0.8);
+    ck_assert_double_eq(job.beta2, 0.99);
+    ck_assert_double_eq(job.epsilon, 1e-6);
+    const char *bad_name[] = {path, "[train] optimizer", "'rmsprop'", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[train]\noptimizer = rmsprop\n", bad_name);
+}
+END_TEST
+
+START_TEST(test_schedules)
+{
+    omv_job_t job;
+    char err[OMV_CONFIG_ERR_MAX] = "";
+    write_job("[job]\nepochs = 10\n[model]\nlayers = 4 2\n[train]\nschedule = step\n"
+              "step_epochs = 4\nstep_factor = 0.5\nwarmup_steps = 100\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_int_eq(job.schedule, OMV_JOB_SCHEDULE_STEP);
+    /* Warmup: 1/100, 50/100, then full; drops by half at epochs 4 and 8. */
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 0.0, 0), 0.01, 1e-12);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 0.1, 49), 0.5, 1e-12);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 3.99, 5000), 1.0, 1e-12);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 4.0, 5000), 0.5, 1e-12);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 9.0, 9000), 0.25, 1e-12);
+    write_job("[job]\nepochs = 10\n[model]\nlayers = 4 2\n[train]\nschedule = cosine\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 0.0, 0), 1.0, 1e-12);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 5.0, 100), 0.5, 1e-12);
+    ck_assert_double_eq_tol(omv_job_lr_factor(&job, 10.0, 200), 0.0, 1e-12);
+    write_job("[model]\nlayers = 4 2\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_double_eq(omv_job_lr_factor(&job, 2.5, 12345), 1.0);
+    const char *bad[] = {path, "[train] schedule", "'linear'", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[train]\nschedule = linear\n", bad);
+    /* The optimizer owns the learning rate: a schedule beside it is refused, and says why. */
+    const char *tuned[] = {path, "schedule", "owns the learning rate", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[train]\nschedule = cosine\n[optimizer]\n"
+                   "enabled = yes\n",
+                   tuned);
+    const char *warm[] = {path, "warmup_steps", "owns the learning rate", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[train]\nwarmup_steps = 10\n[optimizer]\n"
+                   "enabled = yes\n",
+                   warm);
+    write_job("[model]\nlayers = 4 2\n[train]\nschedule = cosine\n[optimizer]\nenabled = yes\n"
+              "tune_learning_rate = no\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+}
+END_TEST
+
 static Suite *job_suite(void)
 {
     Suite *s = suite_create("job");
@@ -407,6 +465,8 @@ static Suite *job_suite(void)
     tcase_add_test(tc, test_staleness);
     tcase_add_test(tc, test_set_arg);
     tcase_add_test(tc, test_parse_layers);
+    tcase_add_test(tc, test_update_rules);
+    tcase_add_test(tc, test_schedules);
     suite_add_tcase(s, tc);
     tc = tcase_create("errors");
     tcase_add_unchecked_fixture(tc, setup, teardown);

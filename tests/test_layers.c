@@ -88,6 +88,9 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
 
     const float eps = 3e-3f;
     int kinks = 0, bad = 0;
+    /* The state after state_offset (batch norm's running statistics) is not trained: what the
+     * step writes there is checked in test_batchnorm_running_stats. */
+    n = l.state_offset;
     for (size_t i = 0; i < n; i++) {
         float num = central(&f, i, eps);
         float half = central(&f, i, eps / 2);
@@ -456,6 +459,211 @@ START_TEST(test_threads_split_the_batch)
 }
 END_TEST
 
+START_TEST(test_globalavgpool_gradients)
+{
+    ck_assert_int_eq(
+        gradient_mismatches("input 2x4x4\nconv 3 3x3 pad 1\nglobalavgpool\nfc 3\n", 3, 31), 0);
+}
+END_TEST
+
+START_TEST(test_batchnorm_gradients)
+{
+    /* 2-D (per channel over the batch and positions) and 1-D (per value, after fc). Batch norm
+     * centres its outputs on 0, where a ReLU after it has its kink: the 2-D case has none. */
+    ck_assert_int_eq(gradient_mismatches("input 2x4x4\nconv 3 3x3 pad 1\nbatchnorm\nfc 3\n", 4, 32),
+                     0);
+    ck_assert_int_eq(gradient_mismatches("input 6\nfc 5\nbatchnorm\nfc 3\n", 5, 33), 0);
+}
+END_TEST
+
+START_TEST(test_residual_gradients)
+{
+    static const char *const models[] = {
+        /* Same shape: the saved output is added as it is. */
+        "input 2x4x4\nconv 3 3x3 pad 1\nsave a\nconv 3 3x3 pad 1\nrelu\nadd a\nfc 3\n",
+        /* Another shape: a 1x1 projection with stride 2 (its weights are checked too). */
+        "input 2x6x6\nconv 2 3x3 pad 1\nsave a\nconv 4 3x3 stride 2 pad 1\nadd a\nrelu\nfc 3\n",
+        /* A ReLU on a saved output works in a buffer of its own; two blocks in a row. */
+        "input 2x4x4\nconv 3 3x3 pad 1\nrelu\nsave a\nrelu\nconv 3 3x3 pad 1\nadd a\nsave b\n"
+        "conv 3 3x3 pad 1\nadd b\nflatten\nfc 3\n",
+    };
+    for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+        ck_assert_int_eq(gradient_mismatches(models[i], 3, 34 + i), 0);
+}
+END_TEST
+
+/* A small residual network as examples/fashion-resnet.model builds them. */
+static const char *const small_resnet =
+    "input 2x6x6\nconv 3 3x3 pad 1\nbatchnorm\nrelu\nsave a\nconv 4 3x3 stride 2 pad 1\n"
+    "batchnorm\nrelu\nconv 4 3x3 pad 1\nbatchnorm\nadd a\nrelu\nglobalavgpool\nfc 3\n";
+
+START_TEST(test_whole_resnet_gradients)
+{
+    ck_assert_int_eq(gradient_mismatches(small_resnet, 4, 37), 0);
+}
+END_TEST
+
+/* Training-mode batch norm on channels-first x[n][c][hw] in place, as PyTorch defines it. */
+static void ref_batchnorm(double *x, uint32_t nb, uint32_t c, uint32_t hw, const float *g,
+                          const float *b)
+{
+    for (uint32_t ch = 0; ch < c; ch++) {
+        double mean = 0, var = 0;
+        for (uint32_t n = 0; n < nb; n++)
+            for (uint32_t i = 0; i < hw; i++)
+                mean += x[(n * c + ch) * hw + i];
+        mean /= nb * hw;
+        for (uint32_t n = 0; n < nb; n++)
+            for (uint32_t i = 0; i < hw; i++)
+                var += pow(x[(n * c + ch) * hw + i] - mean, 2);
+        var /= nb * hw;
+        for (uint32_t n = 0; n < nb; n++)
+            for (uint32_t i = 0; i < hw; i++) {
+                double *v = &x[(n * c + ch) * hw + i];
+                *v = g[ch] * (*v - mean) / sqrt(var + 1e-5) + b[ch];
+            }
+    }
+}
+
+/* A convolution on channels-first double images with the engine's weights ([o][ky][kx][c]). */
+static void ref_conv(const double *in, double *out, const float *w, const float *bias, uint32_t nb,
+                     uint32_t c, uint32_t h, uint32_t o, uint32_t k, uint32_t stride, uint32_t pad,
+                     uint32_t oh)
+{
+    for (uint32_t n = 0; n < nb; n++)
+        for (uint32_t oc = 0; oc < o; oc++)
+            for (uint32_t oy = 0; oy < oh; oy++)
+                for (uint32_t ox = 0; ox < oh; ox++) {
+                    double sum = bias[oc];
+                    for (uint32_t ky = 0; ky < k; ky++)
+                        for (uint32_t kx = 0; kx < k; kx++) {
+                            int y = (int)(oy * stride + ky) - (int)pad;
+                            int x = (int)(ox * stride + kx) - (int)pad;
+                            if (y < 0 || x < 0 || y >= (int)h || x >= (int)h)
+                                continue;
+                            for (uint32_t ic = 0; ic < c; ic++)
+                                sum += (double)w[((oc * k + ky) * k + kx) * c + ic] *
+                                       in[((n * c + ic) * h + (uint32_t)y) * h + (uint32_t)x];
+                        }
+                    out[((n * o + oc) * oh + oy) * oh + ox] = sum;
+                }
+}
+
+START_TEST(test_resnet_forward_matches_reference)
+{
+    /* small_resnet's logits against the same network written out here, channels-first in
+     * double: conv, batch norm with the batch's statistics, ReLU, the block (stride 2) whose
+     * saved input comes through a 1x1 projection with stride 2, global average pooling, fc. */
+    omv_model_layout_t l = parse(small_resnet);
+    enum { NB = 3 };
+    const omv_model_layer_t *L = l.layers;
+    ck_assert_uint_eq(L[9].kind, OMV_LAYER_ADD);
+    ck_assert_uint_eq(L[9].proj_stride, 2);
+    float *params = malloc(l.param_count * sizeof(float)), *grad = malloc(l.param_count * 4);
+    float *x = malloc(NB * l.inputs * sizeof(float));
+    omv_model_init(&l, params, 50);
+    omv_rng_t rng;
+    omv_rng_init(&rng, 51);
+    for (size_t i = 0; i < l.state_offset; i++)
+        params[i] += (float)(omv_rng_uniform(&rng) - 0.5) * 0.4f;
+    static double in[NB * 2 * 36], a[NB * 3 * 36], b[NB * 4 * 9], c[NB * 4 * 9], p[NB * 4 * 9];
+    for (uint32_t n = 0; n < NB; n++)
+        for (uint32_t ch = 0; ch < 2; ch++)
+            for (uint32_t i = 0; i < 36; i++) {
+                float v = (float)omv_rng_normal(&rng);
+                x[(n * 36 + i) * 2 + ch] = v; /* the engine's channels-last input */
+                in[(n * 2 + ch) * 36 + i] = v;
+            }
+    ref_conv(in, a, params + L[0].w_offset, params + L[0].b_offset, NB, 2, 6, 3, 3, 1, 1, 6);
+    ref_batchnorm(a, NB, 3, 36, params + L[1].w_offset, params + L[1].b_offset);
+    for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
+        a[i] = a[i] > 0 ? a[i] : 0; /* saved as 'a' */
+    ref_conv(a, b, params + L[4].w_offset, params + L[4].b_offset, NB, 3, 6, 4, 3, 2, 1, 3);
+    ref_batchnorm(b, NB, 4, 9, params + L[5].w_offset, params + L[5].b_offset);
+    for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++)
+        b[i] = b[i] > 0 ? b[i] : 0;
+    ref_conv(b, c, params + L[7].w_offset, params + L[7].b_offset, NB, 4, 3, 4, 3, 1, 1, 3);
+    ref_batchnorm(c, NB, 4, 9, params + L[8].w_offset, params + L[8].b_offset);
+    ref_conv(a, p, params + L[9].w_offset, params + L[9].b_offset, NB, 3, 6, 4, 1, 2, 0, 3);
+    double logits[NB][3];
+    const float *fw = params + L[12].w_offset, *fb = params + L[12].b_offset;
+    for (uint32_t n = 0; n < NB; n++) {
+        double pooled[4] = {0};
+        for (uint32_t ch = 0; ch < 4; ch++)
+            for (uint32_t i = 0; i < 9; i++) {
+                size_t at = (n * 4 + ch) * 9 + i;
+                double v = c[at] + p[at];
+                pooled[ch] += (v > 0 ? v : 0) / 9.0;
+            }
+        for (uint32_t k = 0; k < 3; k++) {
+            logits[n][k] = fb[k];
+            for (uint32_t ch = 0; ch < 4; ch++)
+                logits[n][k] += (double)fw[k * 4 + ch] * pooled[ch];
+        }
+    }
+    omv_net_t *net = omv_net_new(&l, NB);
+    ck_assert_ptr_nonnull(net);
+    uint8_t y[NB] = {0, 1, 2};
+    omv_net_train_step(net, params, x, y, NB, grad);
+    const float *got = omv_net_output(net, l.n_layers - 1);
+    for (uint32_t n = 0; n < NB; n++)
+        for (uint32_t k = 0; k < 3; k++)
+            ck_assert_msg(fabs(got[n * 3 + k] - logits[n][k]) <= 1e-4 * (1 + fabs(logits[n][k])),
+                          "logit[%u][%u] = %g, reference %g", n, k, (double)got[n * 3 + k],
+                          logits[n][k]);
+    omv_net_destroy(&net);
+    free(params), free(grad), free(x);
+}
+END_TEST
+
+START_TEST(test_batchnorm_running_stats)
+{
+    /* 1-D batch norm on a batch of 4 values per feature: the step writes the running statistics
+     * moved a tenth of the way to the batch's (unbiased variance), by hand; evaluation then
+     * normalises by the running statistics in the parameters. */
+    omv_model_layout_t l = parse("input 2\nbatchnorm\nfc 2\n");
+    const omv_model_layer_t *bn = &l.layers[0];
+    ck_assert_uint_eq(bn->s_count, 4);
+    ck_assert_uint_eq(l.state_offset, l.param_count - 4);
+    ck_assert_uint_eq(bn->s_offset, l.state_offset);
+    float *params = malloc(l.param_count * sizeof(float)), *grad = malloc(l.param_count * 4);
+    omv_model_init(&l, params, 60);
+    float *run = params + bn->s_offset;
+    ck_assert_float_eq(params[bn->w_offset], 1.0f); /* weight 1, bias 0, mean 0, variance 1 */
+    ck_assert_float_eq(params[bn->b_offset], 0.0f);
+    ck_assert_float_eq(run[0], 0.0f);
+    ck_assert_float_eq(run[2], 1.0f);
+    run[0] = 1.0f, run[1] = -2.0f, run[2] = 4.0f, run[3] = 0.5f;
+    /* Feature 0: 1, 2, 3, 6 (mean 3, unbiased variance 14 / 3); feature 1: 0, 0, 4, 4 (mean 2,
+     * unbiased variance 16 / 3). */
+    const float x[8] = {1, 0, 2, 0, 3, 4, 6, 4};
+    const uint8_t y[4] = {0, 1, 0, 1};
+    omv_net_t *net = omv_net_new(&l, 4);
+    omv_net_train_step(net, params, x, y, 4, grad);
+    float *got = grad + bn->s_offset;
+    ck_assert_float_eq_tol(got[0], 0.9f * 1.0f + 0.1f * 3.0f, 1e-6f);
+    ck_assert_float_eq_tol(got[1], 0.9f * -2.0f + 0.1f * 2.0f, 1e-6f);
+    ck_assert_float_eq_tol(got[2], 0.9f * 4.0f + 0.1f * 14.0f / 3.0f, 1e-6f);
+    ck_assert_float_eq_tol(got[3], 0.9f * 0.5f + 0.1f * 16.0f / 3.0f, 1e-6f);
+    /* Training normalises by the batch: feature 0 of image 0 is (1 - 3) / sqrt(3.5 + eps). */
+    ck_assert_float_eq_tol(omv_net_output(net, 0)[0], -2.0f / sqrtf(3.5f + 1e-5f), 1e-5f);
+    uint32_t correct;
+    double loss;
+    omv_net_evaluate(net, params, x, y, 4, &correct, &loss);
+    ck_assert_float_eq_tol(omv_net_output(net, 0)[0], (1.0f - 1.0f) / sqrtf(4.0f + 1e-5f), 1e-6f);
+    ck_assert_float_eq_tol(omv_net_output(net, 0)[1], (0.0f + 2.0f) / sqrtf(0.5f + 1e-5f), 1e-5f);
+    /* Split over threads, each part's statistics are averaged, not summed. */
+    omv_net_t *two = omv_net_new_threads(&l, 4, 2);
+    float *grad2 = malloc(l.param_count * 4);
+    omv_net_train_step(two, params, x, y, 4, grad2);
+    /* Parts {1, 2} and {3, 6}: means 1.5 and 4.5, so the mean running mean moves to 3 too. */
+    ck_assert_float_eq_tol(grad2[bn->s_offset], 0.9f + 0.1f * 3.0f, 1e-6f);
+    omv_net_destroy(&two);
+    omv_net_destroy(&net);
+    free(params), free(grad), free(grad2);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("layers");
@@ -468,6 +676,12 @@ int main(void)
     tcase_add_test(tc, test_dropout_gradients);
     tcase_add_test(tc, test_flatten_gradients);
     tcase_add_test(tc, test_whole_cnn_gradients);
+    tcase_add_test(tc, test_globalavgpool_gradients);
+    tcase_add_test(tc, test_batchnorm_gradients);
+    tcase_add_test(tc, test_residual_gradients);
+    tcase_add_test(tc, test_whole_resnet_gradients);
+    tcase_add_test(tc, test_resnet_forward_matches_reference);
+    tcase_add_test(tc, test_batchnorm_running_stats);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("values");
     tcase_add_test(tv, test_conv_matches_direct);

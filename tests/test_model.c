@@ -120,6 +120,44 @@ START_TEST(test_errors_name_the_line)
 }
 END_TEST
 
+START_TEST(test_residual_and_batchnorm)
+{
+    /* A block whose shape changes: the add projects the saved 4x8x8 to 8x4x4 (1x1, stride 2);
+     * batch norm's weight and bias are trained, its running statistics are state at the end. */
+    omv_model_layout_t l;
+    char err[OMV_CONFIG_ERR_MAX];
+    const char *text = "input 1x8x8\nconv 4 3x3 pad 1\nbatchnorm\nrelu\nsave a\n"
+                       "conv 8 3x3 stride 2 pad 1\nbatchnorm\nadd a\nrelu\nglobalavgpool\nfc 10\n";
+    ck_assert_msg(omv_model_parse(&l, text, "net.model", err) == 0, "%s", err);
+    const omv_model_layer_t *add = &l.layers[6], *bn = &l.layers[1];
+    ck_assert_uint_eq(add->kind, OMV_LAYER_ADD);
+    ck_assert_uint_eq(add->ref, 3);
+    ck_assert_uint_eq(add->proj_stride, 2);
+    ck_assert_uint_eq(add->w_count, 4 * 8);
+    ck_assert_uint_eq(add->b_count, 8);
+    ck_assert_uint_eq(l.layers[8].out.c, 8);
+    ck_assert_uint_eq(l.layers[8].out.h, 1);
+    ck_assert_uint_eq(bn->w_count, 4);
+    ck_assert_uint_eq(bn->s_count, 8);
+    size_t trained = (4 * 9 + 4) + 8 + (8 * 9 * 4 + 8) + 16 + (32 + 8) + (8 * 10 + 10);
+    ck_assert_uint_eq(l.state_offset, trained);
+    ck_assert_uint_eq(l.param_count, trained + 8 + 16);
+    ck_assert_uint_eq(bn->s_offset, trained);
+    ck_assert_uint_eq(l.layers[5].s_offset, trained + 8);
+    /* The same shape needs no projection. */
+    ck_assert_int_eq(
+        omv_model_parse(&l, "input 2x4x4\nsave x\nconv 2 3x3 pad 1\nadd x\nfc 2\n", "m", err), 0);
+    ck_assert_uint_eq(l.layers[2].w_count, 0);
+    refused("input 1x8x8\nconv 4 3x3\nadd a\nfc 2\n", 3, "no 'save a' on an earlier line");
+    refused("input 1x8x8\nsave a\nsave a\nadd a\nfc 2\n", 3, "line 2 saved that name already");
+    refused("input 1x8x8\nsave a\nconv 2 3x3 pad 1\nfc 2\n", 2, "never added back");
+    refused("input 1x8x8\nsave a\nadd a\nadd a\nfc 2\n", 4, "line 3 added it already");
+    refused("input 1x8x8\nsave a\nconv 2 3x3\nadd a\nfc 2\n", 4, "no 1x1 projection");
+    refused("input 1x8x8\nbatchnorm 0.1\nfc 2\n", 2, "takes no arguments");
+    refused("input 1x8x8\nsave\nfc 2\n", 2, "expected 'save NAME'");
+}
+END_TEST
+
 START_TEST(test_mlp_form)
 {
     const uint32_t widths[] = {784, 256, 10};
@@ -257,6 +295,7 @@ int main(void)
     tcase_add_test(tc, test_cnn_shapes_and_layout);
     tcase_add_test(tc, test_options);
     tcase_add_test(tc, test_errors_name_the_line);
+    tcase_add_test(tc, test_residual_and_batchnorm);
     tcase_add_test(tc, test_mlp_form);
     tcase_add_test(tc, test_init_by_fan_in);
     tcase_add_test(tc, test_shard_offsets);

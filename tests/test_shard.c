@@ -1,6 +1,6 @@
-/* A parameter shard: SGD with momentum and weight decay against a hand computation, the mean over
- * contributors, per-group pending sums, and discarding; and its thread's answers to pulls once
- * every snapshot is in flight. */
+/* A parameter shard: SGD with momentum and weight decay, Adam and AdamW against hand
+ * computations, the mean over contributors, per-group pending sums, and discarding; and its
+ * thread's answers to pulls once every snapshot is in flight. */
 #include <check.h>
 #include <errno.h>
 #include <math.h>
@@ -396,16 +396,32 @@ static void no_release(void *data, void *hint)
 }
 
 /* Sends a PUSH of bytes[len] for group 0 alone (its update applies at once). */
-static void push_solo(omv_shard_thread_t *t, const void *bytes, size_t len, uint32_t wire)
+static void push_solo_rule(omv_shard_thread_t *t, const void *bytes, size_t len, uint32_t wire,
+                           const omv_sgd_t *rule)
 {
     omv_payload_t payload;
     ck_assert_int_eq(omv_payload_init_shared(&payload, (void *)bytes, len, no_release, NULL), 0);
     const omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH,
                                  .group = 0,
                                  .worker_id = 1,
-                                 .sgd = {0.125f, 0.5f, 0.01f},
+                                 .sgd = *rule,
                                  .solo = 1,
                                  .wire = wire};
+    const omv_peer_t peer = {.id = "w1", .len = 2};
+    ck_assert_int_eq(omv_shard_thread_send(t, &cmd, &peer, &payload), 0);
+}
+
+static void push_solo(omv_shard_thread_t *t, const void *bytes, size_t len, uint32_t wire)
+{
+    omv_payload_t payload;
+    ck_assert_int_eq(omv_payload_init_shared(&payload, (void *)bytes, len, no_release, NULL), 0);
+    const omv_shard_cmd_t cmd = {
+        .type = OMV_SHARD_CMD_PUSH,
+        .group = 0,
+        .worker_id = 1,
+        .sgd = {.learning_rate = 0.125f, .momentum = 0.5f, .weight_decay = 0.01f},
+        .solo = 1,
+        .wire = wire};
     const omv_peer_t peer = {.id = "w1", .len = 2};
     ck_assert_int_eq(omv_shard_thread_send(t, &cmd, &peer, &payload), 0);
 }
@@ -551,6 +567,221 @@ START_TEST(test_weighted_mean_of_uneven_members)
 }
 END_TEST
 
+/* Adam as torch.optim.Adam and AdamW document it, written out on its own in double: t is the
+ * step (from 1), m and s the moments. */
+static void reference_adam(double *w, double *m, double *s, const double *g_in, int n, int t,
+                           double lr, double b1, double b2, double eps, double wd, int decoupled)
+{
+    for (int i = 0; i < n; i++) {
+        double g = g_in[i];
+        if (decoupled)
+            w[i] -= lr * wd * w[i];
+        else
+            g += wd * w[i];
+        m[i] = b1 * m[i] + (1 - b1) * g;
+        s[i] = b2 * s[i] + (1 - b2) * g * g;
+        double mhat = m[i] / (1 - pow(b1, t)), shat = s[i] / (1 - pow(b2, t));
+        w[i] -= lr * mhat / (sqrt(shat) + eps);
+    }
+}
+
+/* Three steps of Adam and of AdamW on the mean of two members' gradients: the first by hand,
+ * all three against the reference. */
+static void adam_three_steps(uint32_t kind, float wd)
+{
+    enum { N = 3 };
+    float params[N] = {1.0f, -2.0f, 0.5f};
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, params, 0, N, 1), 0);
+    ck_assert_int_eq(omv_shard_use_adam(&sh), 0);
+    const omv_sgd_t rule = {.learning_rate = 0.1f,
+                            .momentum = 0.9f,
+                            .weight_decay = wd,
+                            .kind = kind,
+                            .beta2 = 0.999,
+                            .epsilon = 1e-8f};
+    const float grads[3][2][N] = {
+        {{1.5f, -0.75f, 0.0f}, {0.5f, -0.25f, 0.5f}},
+        {{0.75f, -0.5f, 2.0f}, {0.25f, 1.0f, -3.0f}},
+        {{-1.0f, 0.125f, 0.5f}, {3.0f, 0.375f, 1.5f}},
+    };
+    double w[N] = {1.0, -2.0, 0.5}, m[N] = {0}, v[N] = {0};
+    for (int t = 1; t <= 3; t++) {
+        double mean[N];
+        for (int i = 0; i < N; i++)
+            mean[i] = ((double)grads[t - 1][0][i] + grads[t - 1][1][i]) / 2;
+        omv_shard_accumulate(&sh, 0, grads[t - 1][0]);
+        omv_shard_accumulate(&sh, 0, grads[t - 1][1]);
+        omv_shard_apply(&sh, 0, 2, &rule);
+        if (t == 1 && wd == 0.0f) {
+            /* By hand: after one step m / (1 - b1) = g and s / (1 - b2) = g^2, so each weight
+             * moves by the learning rate against its gradient's sign (means {1, -0.5, 0.25}),
+             * less eps / |g|. */
+            ck_assert_float_eq_tol(params[0], 0.9f, 1e-6f);
+            ck_assert_float_eq_tol(params[1], -1.9f, 1e-6f);
+            ck_assert_float_eq_tol(params[2], 0.4f, 1e-6f);
+            ck_assert_float_eq_tol(sh.velocity[1], -0.05f, 1e-7f);
+            ck_assert_float_eq_tol(sh.second[1], 0.00025f, 1e-9f);
+        }
+        reference_adam(w, m, v, mean, N, t, 0.1, 0.9, 0.999, 1e-8, wd, kind == OMV_UPDATE_ADAMW);
+        for (int i = 0; i < N; i++) {
+            ck_assert_float_eq_tol(params[i], (float)w[i], 2e-6f);
+            ck_assert_float_eq_tol(sh.velocity[i], (float)m[i], 1e-6f);
+            ck_assert_float_eq_tol(sh.second[i], (float)v[i], 1e-6f);
+        }
+    }
+    ck_assert_uint_eq(sh.steps, 3);
+    omv_shard_fini(&sh);
+    ck_assert_ptr_null(sh.second);
+}
+
+START_TEST(test_adam_by_hand)
+{
+    adam_three_steps(OMV_UPDATE_ADAM, 0.0f);
+    adam_three_steps(OMV_UPDATE_ADAM, 0.25f); /* L2: added to the gradient */
+}
+END_TEST
+
+START_TEST(test_adamw_by_hand)
+{
+    adam_three_steps(OMV_UPDATE_ADAMW, 0.0f);
+    /* Decoupled, by hand for the first weight of step 1: w = 1 * (1 - 0.1 * 0.5) - 0.1 = 0.85,
+     * the decay not touching the moments. */
+    enum { N = 1 };
+    float params[N] = {1.0f};
+    const float g[N] = {2.0f};
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, params, 0, N, 1), 0);
+    ck_assert_int_eq(omv_shard_use_adam(&sh), 0);
+    const omv_sgd_t rule = {.learning_rate = 0.1f,
+                            .momentum = 0.9f,
+                            .weight_decay = 0.5f,
+                            .kind = OMV_UPDATE_ADAMW,
+                            .beta2 = 0.999,
+                            .epsilon = 1e-8f};
+    omv_shard_apply_one(&sh, g, &rule);
+    ck_assert_float_eq_tol(params[0], 0.85f, 1e-6f);
+    ck_assert_float_eq_tol(sh.velocity[0], 0.2f, 1e-7f);
+    omv_shard_fini(&sh);
+    adam_three_steps(OMV_UPDATE_ADAMW, 0.5f);
+}
+END_TEST
+
+/* The state a probe base or a checkpoint keeps (parameters, both moments and the step count)
+ * is all Adam needs: a shard restored from it goes on exactly as the one it was taken from; and
+ * a bf16 gradient moves it exactly as its fp32 widening. */
+START_TEST(test_adam_state_restores_and_bf16)
+{
+    char dir[256];
+    omv_router_t *router = tmp_router(dir, sizeof(dir));
+    enum { N = 64 };
+    static float a[N], b[N], grad[N], widened[N], p_out[N], m_out[N], s_out[N];
+    static uint16_t grad16[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = 0.01f * (float)(i - 30);
+        b[i] = 5.0f; /* overwritten by the restore */
+        grad[i] = 1.0f / (float)(i + 3) - 0.1f;
+    }
+    omv_bf16_from_f32(grad16, grad, N);
+    omv_bf16_to_f32(widened, grad16, N);
+    omv_shard_t sa, sb;
+    ck_assert_int_eq(omv_shard_init(&sa, a, 0, N, 1), 0);
+    ck_assert_int_eq(omv_shard_init(&sb, b, 0, N, 1), 0);
+    ck_assert_int_eq(omv_shard_use_adam(&sa), 0);
+    ck_assert_int_eq(omv_shard_use_adam(&sb), 0);
+    omv_shard_thread_t *ta = omv_shard_thread_new(router, &sa, 0, 0);
+    omv_shard_thread_t *tb = omv_shard_thread_new(router, &sb, 0, 0);
+    ck_assert(ta && tb);
+    const omv_sgd_t rule = {.learning_rate = 0.01f,
+                            .momentum = 0.9f,
+                            .weight_decay = 0.01f,
+                            .kind = OMV_UPDATE_ADAMW,
+                            .beta2 = 0.99f,
+                            .epsilon = 1e-8f};
+    push_solo_rule(ta, grad, sizeof(grad), OMV_WIRE_FP32, &rule);
+    push_solo_rule(ta, widened, sizeof(widened), OMV_WIRE_FP32, &rule);
+    uint64_t steps[1] = {0};
+    const omv_shard_cmd_t gather = {.type = OMV_SHARD_CMD_GATHER,
+                                    .params_dst = p_out,
+                                    .velocity_dst = m_out,
+                                    .second_dst = s_out,
+                                    .steps_dst = steps};
+    ck_assert_int_eq(omv_shard_thread_send(ta, &gather, NULL, NULL), 0);
+    ck_assert_uint_eq(steps[0], 2);
+    const omv_shard_cmd_t restore = {.type = OMV_SHARD_CMD_RESTORE,
+                                     .params_src = p_out,
+                                     .velocity_src = m_out,
+                                     .second_src = s_out,
+                                     .steps_src = steps};
+    ck_assert_int_eq(omv_shard_thread_send(tb, &restore, NULL, NULL), 0);
+    ck_assert_mem_eq(a, b, sizeof(a));
+    /* Step 3: bf16 on one, its widening in fp32 on the other. */
+    push_solo_rule(ta, grad16, sizeof(grad16), OMV_WIRE_BF16, &rule);
+    push_solo_rule(tb, widened, sizeof(widened), OMV_WIRE_FP32, &rule);
+    ck_assert_uint_eq(sb.steps, 3);
+    for (int i = 0; i < N; i++) {
+        ck_assert_float_eq_tol(a[i], b[i], 1e-7f);
+        ck_assert_float_eq_tol(sa.second[i], sb.second[i], 1e-9f);
+    }
+    ck_assert(a[0] != p_out[0]); /* it did move */
+    omv_shard_thread_destroy(&ta);
+    omv_shard_thread_destroy(&tb);
+    omv_shard_fini(&sa);
+    omv_shard_fini(&sb);
+    omv_router_destroy(&router);
+    omv_test_rmdir(dir);
+}
+END_TEST
+
+START_TEST(test_state_takes_the_mean)
+{
+    /* A shard over values 4..8 of a model whose state (batch norm's running statistics) begins
+     * at 6: values 4 and 5 are trained by SGD, 6 and 7 become the mean of what the members
+     * sent, untouched by momentum, decay or Adam. */
+    enum { N = 4 };
+    float model[8] = {0, 0, 0, 0, 1.0f, 2.0f, 5.0f, 5.0f};
+    omv_shard_t sh;
+    ck_assert_int_eq(omv_shard_init(&sh, model + 4, 4, N, 1), 0);
+    omv_shard_set_state(&sh, 6);
+    ck_assert_uint_eq(sh.trained, 2);
+    const omv_sgd_t sgd = {.learning_rate = 0.5f, .momentum = 0.9f, .weight_decay = 0.5f};
+    const float a[N] = {1.0f, 0.0f, 0.25f, 3.0f}, b[N] = {3.0f, 2.0f, 0.75f, 1.0f};
+    omv_shard_accumulate(&sh, 0, a);
+    omv_shard_accumulate(&sh, 0, b);
+    omv_shard_apply(&sh, 0, 2, &sgd);
+    /* w0: g = 2 + 0.5 = 2.5, w = 1 - 1.25; w1: g = 1 + 1 = 2, w = 2 - 1. */
+    ck_assert_float_eq(model[4], -0.25f);
+    ck_assert_float_eq(model[5], 1.0f);
+    ck_assert_float_eq(model[6], 0.5f);
+    ck_assert_float_eq(model[7], 2.0f);
+    ck_assert_float_eq(sh.velocity[2], 0.0f);
+    /* A group of one: the state is what it sent, in fp32 and in bf16 (exact for these). */
+    const float c[N] = {0.0f, 0.0f, 0.375f, -4.0f};
+    omv_shard_apply_one(&sh, c, &sgd);
+    ck_assert_float_eq(model[6], 0.375f);
+    ck_assert_float_eq(model[7], -4.0f);
+    uint16_t c16[N];
+    const float d[N] = {0.0f, 0.0f, 1.5f, 0.125f};
+    omv_bf16_from_f32(c16, d, N);
+    ck_assert_int_eq(omv_shard_use_adam(&sh), 0);
+    const omv_sgd_t adam = {.learning_rate = 0.1f,
+                            .momentum = 0.9f,
+                            .kind = OMV_UPDATE_ADAM,
+                            .beta2 = 0.999,
+                            .epsilon = 1e-8f};
+    omv_shard_apply_one_bf16(&sh, c16, &adam);
+    ck_assert_float_eq(model[6], 1.5f);
+    ck_assert_float_eq(model[7], 0.125f);
+    ck_assert_float_eq(sh.second[3], 0.0f);
+    /* A shard wholly before or after the state. */
+    omv_shard_set_state(&sh, 100);
+    ck_assert_uint_eq(sh.trained, N);
+    omv_shard_set_state(&sh, 2);
+    ck_assert_uint_eq(sh.trained, 0);
+    omv_shard_fini(&sh);
+}
+END_TEST
+
 static Suite *shard_suite(void)
 {
     Suite *s = suite_create("shard");
@@ -562,6 +793,9 @@ static Suite *shard_suite(void)
     tcase_add_test(tc, test_groups_independent);
     tcase_add_test(tc, test_discard);
     tcase_add_test(tc, test_apply_one_is_sum_and_apply);
+    tcase_add_test(tc, test_adam_by_hand);
+    tcase_add_test(tc, test_adamw_by_hand);
+    tcase_add_test(tc, test_state_takes_the_mean);
     suite_add_tcase(s, tc);
     TCase *th = tcase_create("thread");
     tcase_add_test(th, test_start_stop);
@@ -569,6 +803,7 @@ static Suite *shard_suite(void)
     tcase_add_test(th, test_pull_copies_unthreaded);
     tcase_add_test(th, test_bf16_push_and_serve);
     tcase_add_test(th, test_weighted_mean_of_uneven_members);
+    tcase_add_test(th, test_adam_state_restores_and_bf16);
     suite_add_tcase(s, th);
     return s;
 }

@@ -47,6 +47,7 @@ static void make_welcome(omv_msg_t *m)
     j->scale = 0.5f;
     j->n_mean = 3, j->mean[0] = 0.1f, j->mean[1] = 0.2f, j->mean[2] = 0.3f;
     j->n_std = 1, j->std[0] = 0.25f;
+    j->augment_pad = 4, j->augment_flip = 1;
 }
 
 /* One message of each type but welcome, every field set; 64-bit fields go above 32 bits. */
@@ -122,6 +123,8 @@ START_TEST(test_welcome_round_trip)
     ck_assert_mem_eq(b->job.mean, a->job.mean, 3 * sizeof(float));
     ck_assert_uint_eq(b->job.n_std, 1);
     ck_assert_float_eq(b->job.std[0], 0.25f);
+    ck_assert_uint_eq(b->job.augment_pad, 4);
+    ck_assert_uint_eq(b->job.augment_flip, 1);
     ck_assert_uint_eq(b->job.batch_size, 32);
     ck_assert(b->job.seed == 0x0123456789abcdefULL);
     ck_assert_uint_eq(b->job.slice_begin, 30000);

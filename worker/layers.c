@@ -1,9 +1,11 @@
 /* Forward and backward of each layer kind. Convolutions are lowered over the whole batch: one
- * im2col of every image into one matrix and one GEMM, as Omnivore does on CPUs. */
+ * im2col of every image into one matrix and one GEMM, as Omnivore does on CPUs. Batch norm
+ * works on channels-last rows, so per-channel statistics are loops over contiguous channels. */
 #include "layers.h"
 
 #include <errno.h>
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,32 @@ static void *alloc_touched(size_t count, size_t size)
     return p;
 }
 
+/* An add's projection: a 1x1 convolution from the saved shape to the add's input shape, whose
+ * weights are the add's. Its dout is the add's (set as the add is made). */
+static int init_projection(omv_layer_t *self, uint32_t max_batch)
+{
+    const omv_model_layer_t *a = &self->spec;
+    omv_model_layer_t conv = {.kind = OMV_LAYER_CONV,
+                              .in = a->skip,
+                              .out = a->in,
+                              .units = a->in.c,
+                              .kh = 1,
+                              .kw = 1,
+                              .stride = a->proj_stride,
+                              .fan_in = a->skip.c,
+                              .w_offset = a->w_offset,
+                              .w_count = a->w_count,
+                              .b_offset = a->b_offset,
+                              .b_count = a->b_count,
+                              .line = a->line};
+    self->proj = calloc(1, sizeof(*self->proj));
+    if (self->proj == NULL || omv_layer_init(self->proj, &conv, max_batch, false) < 0)
+        return -ENOMEM;
+    free(self->proj->dout);
+    self->proj->dout = self->dout;
+    return 0;
+}
+
 int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t max_batch,
                    bool in_place)
 {
@@ -29,6 +57,12 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
     size_t outs = (size_t)max_batch * self->out_size;
     if (spec->kind == OMV_LAYER_FLATTEN)
         return 0; /* a view: out and dout are its neighbours' (set by the net) */
+    if (spec->kind == OMV_LAYER_SAVE) {
+        /* Its output is its input (a view); the gradient is its own, plus what add sends. */
+        self->dout = alloc_touched(outs, sizeof(float));
+        self->dres = alloc_touched(outs, sizeof(float));
+        return self->dout && self->dres ? 0 : -ENOMEM;
+    }
     if (spec->kind == OMV_LAYER_RELU && in_place)
         return 0; /* works in its input's buffers (set by the net) */
     self->owns_out = true;
@@ -45,19 +79,35 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
     } else if (spec->kind == OMV_LAYER_MAXPOOL) {
         self->arg = alloc_touched(outs, sizeof(uint32_t));
         ok &= self->arg != NULL;
+    } else if (spec->kind == OMV_LAYER_BATCHNORM) {
+        self->xhat = alloc_touched(outs, sizeof(float));
+        self->stats = alloc_touched(3 * (size_t)spec->in.c, sizeof(float));
+        self->acc = alloc_touched(2 * (size_t)spec->in.c, sizeof(double));
+        ok &= self->xhat != NULL && self->stats != NULL && self->acc != NULL;
+    } else if (spec->kind == OMV_LAYER_ADD && spec->w_count > 0) {
+        ok &= init_projection(self, max_batch) == 0;
     }
     return ok ? 0 : -ENOMEM;
 }
 
 void omv_layer_fini(omv_layer_t *self)
 {
-    if (self->owns_out) {
-        free(self->out);
+    if (self->owns_out || self->spec.kind == OMV_LAYER_SAVE)
         free(self->dout);
+    if (self->owns_out)
+        free(self->out);
+    if (self->proj) {
+        self->proj->dout = NULL; /* the add's, freed above */
+        omv_layer_fini(self->proj);
+        free(self->proj);
     }
     free(self->col);
     free(self->mask);
     free(self->arg);
+    free(self->dres);
+    free(self->xhat);
+    free(self->stats);
+    free(self->acc);
     memset(self, 0, sizeof(*self));
 }
 
@@ -379,6 +429,170 @@ static void dropout_backward(omv_layer_t *self, float *din, uint32_t batch)
         din[i] = self->dout[i] * self->mask[i];
 }
 
+/* ---- global average pooling ---- */
+
+/* out[n][c] = the mean of in[n][.][.][c] over height and width. */
+static void gap_forward(omv_layer_t *self, const float *in, uint32_t batch)
+{
+    uint32_t c = self->spec.in.c;
+    size_t hw = (size_t)self->spec.in.h * self->spec.in.w;
+    float scale = 1.0f / (float)hw;
+    for (uint32_t n = 0; n < batch; n++) {
+        float *restrict out = self->out + (size_t)n * c;
+        const float *img = in + (size_t)n * hw * c;
+        memset(out, 0, c * sizeof(float));
+        for (size_t p = 0; p < hw; p++)
+            for (uint32_t j = 0; j < c; j++)
+                out[j] += img[p * c + j];
+        for (uint32_t j = 0; j < c; j++)
+            out[j] *= scale;
+    }
+}
+
+static void gap_backward(omv_layer_t *self, float *din, uint32_t batch)
+{
+    uint32_t c = self->spec.in.c;
+    size_t hw = (size_t)self->spec.in.h * self->spec.in.w;
+    float scale = 1.0f / (float)hw;
+    for (uint32_t n = 0; n < batch; n++) {
+        const float *d = self->dout + (size_t)n * c;
+        float *restrict img = din + (size_t)n * hw * c;
+        for (size_t p = 0; p < hw; p++)
+            for (uint32_t j = 0; j < c; j++)
+                img[p * c + j] = d[j] * scale;
+    }
+}
+
+/* ---- batch normalisation ---- */
+
+#define BN_EPS 1e-5f
+#define BN_MOMENTUM 0.1 /* PyTorch's: running = (1 - m) running + m batch */
+
+/* The batch's mean and (biased) variance per channel over rows[n][c], in double. */
+static void bn_moments(float *mean, float *var, const float *x, size_t rows, uint32_t c,
+                       double *acc)
+{
+    memset(acc, 0, 2 * c * sizeof(double));
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < c; j++)
+            acc[j] += x[r * c + j];
+    for (uint32_t j = 0; j < c; j++)
+        mean[j] = (float)(acc[j] / (double)rows);
+    for (size_t r = 0; r < rows; r++) {
+        for (uint32_t j = 0; j < c; j++) {
+            double d = (double)x[r * c + j] - mean[j];
+            acc[c + j] += d * d;
+        }
+    }
+    for (uint32_t j = 0; j < c; j++)
+        var[j] = (float)(acc[c + j] / (double)rows);
+}
+
+/* Training normalises by the batch's statistics (kept for backward); evaluation by the running
+ * ones in params. y = weight * (x - mean) / sqrt(var + eps) + bias. */
+static void bn_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch,
+                       bool train)
+{
+    const omv_model_layer_t *s = &self->spec;
+    uint32_t c = s->in.c;
+    size_t rows = (size_t)batch * s->in.h * s->in.w;
+    float *mean = self->stats, *var = self->stats + c, *inv = self->stats + 2 * c;
+    if (train) {
+        bn_moments(mean, var, in, rows, c, self->acc);
+    } else {
+        memcpy(mean, params + s->s_offset, c * sizeof(float));
+        memcpy(var, params + s->s_offset + c, c * sizeof(float));
+    }
+    for (uint32_t j = 0; j < c; j++)
+        inv[j] = 1.0f / sqrtf(var[j] + BN_EPS);
+    const float *g = params + s->w_offset, *b = params + s->b_offset;
+    for (size_t r = 0; r < rows; r++) {
+        const float *x = in + r * c;
+        float *restrict xh = self->xhat + r * c, *restrict y = self->out + r * c;
+        for (uint32_t j = 0; j < c; j++) {
+            xh[j] = (x[j] - mean[j]) * inv[j];
+            y[j] = g[j] * xh[j] + b[j];
+        }
+    }
+}
+
+/* dweight = sum dy * xhat, dbias = sum dy, dx = weight / std * (dy - dbias / R - xhat dweight / R)
+ * over the R rows; and the running statistics moved towards the batch's (unbiased variance). */
+static void bn_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
+                        float *grad)
+{
+    const omv_model_layer_t *s = &self->spec;
+    uint32_t c = s->in.c;
+    size_t rows = (size_t)batch * s->in.h * s->in.w;
+    float *dg = grad + s->w_offset, *db = grad + s->b_offset;
+    memset(dg, 0, c * sizeof(float));
+    memset(db, 0, c * sizeof(float));
+    for (size_t r = 0; r < rows; r++) {
+        const float *d = self->dout + r * c, *xh = self->xhat + r * c;
+        for (uint32_t j = 0; j < c; j++) {
+            dg[j] += d[j] * xh[j];
+            db[j] += d[j];
+        }
+    }
+    const float *mean = self->stats, *var = self->stats + c, *inv = self->stats + 2 * c;
+    const float *run = params + s->s_offset;
+    float *new_run = grad + s->s_offset;
+    double unbias = rows > 1 ? (double)rows / (double)(rows - 1) : 1.0;
+    for (uint32_t j = 0; j < c; j++) {
+        new_run[j] = (float)((1.0 - BN_MOMENTUM) * run[j] + BN_MOMENTUM * mean[j]);
+        new_run[c + j] = (float)((1.0 - BN_MOMENTUM) * run[c + j] + BN_MOMENTUM * unbias * var[j]);
+    }
+    if (din == NULL)
+        return;
+    const float *g = params + s->w_offset;
+    float inv_r = 1.0f / (float)rows;
+    for (size_t r = 0; r < rows; r++) {
+        const float *d = self->dout + r * c, *xh = self->xhat + r * c;
+        float *restrict dx = din + r * c;
+        for (uint32_t j = 0; j < c; j++)
+            dx[j] = g[j] * inv[j] * (d[j] - db[j] * inv_r - xh[j] * dg[j] * inv_r);
+    }
+}
+
+/* ---- residual connections ---- */
+
+/* out = in + the saved output (through the projection when the shapes differ). */
+static void add_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
+{
+    const float *skip = self->skip->out;
+    if (self->proj) {
+        omv_layer_forward(self->proj, params, skip, batch, true, NULL);
+        skip = self->proj->out;
+    }
+    size_t len = (size_t)batch * self->out_size;
+    float *restrict out = self->out;
+    for (size_t i = 0; i < len; i++)
+        out[i] = in[i] + skip[i];
+}
+
+/* The gradient goes on unchanged to the input, and to the saved output (through the
+ * projection, which also takes its weights' gradient). */
+static void add_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
+                         float *grad)
+{
+    size_t len = (size_t)batch * self->out_size;
+    if (self->proj)
+        omv_layer_backward(self->proj, params, self->skip->out, self->skip->dres, batch, grad);
+    else
+        memcpy(self->skip->dres, self->dout, len * sizeof(float));
+    if (din != NULL && din != self->dout)
+        memcpy(din, self->dout, len * sizeof(float));
+}
+
+/* The gradient of a saved output: from the layers after it, and from its add. */
+static void save_backward(omv_layer_t *self, float *din, uint32_t batch)
+{
+    size_t len = (size_t)batch * self->out_size;
+    float *restrict d = din;
+    for (size_t i = 0; i < len; i++)
+        d[i] = self->dout[i] + self->dres[i];
+}
+
 void omv_layer_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch,
                        bool train, omv_rng_t *rng)
 {
@@ -402,8 +616,18 @@ void omv_layer_forward(omv_layer_t *self, const float *params, const float *in, 
         dropout_forward(self, in, batch, train, rng);
         break;
     case OMV_LAYER_FLATTEN:
-        /* Channels-last images are already flat: the output is the input. */
+    case OMV_LAYER_SAVE:
+        /* Channels-last images are already flat: the output is the input. A save's too. */
         self->out = (float *)in;
+        break;
+    case OMV_LAYER_GLOBALAVGPOOL:
+        gap_forward(self, in, batch);
+        break;
+    case OMV_LAYER_BATCHNORM:
+        bn_forward(self, params, in, batch, train);
+        break;
+    case OMV_LAYER_ADD:
+        add_forward(self, params, in, batch);
         break;
     }
 }
@@ -436,6 +660,20 @@ void omv_layer_backward(omv_layer_t *self, const float *params, const float *in,
         break;
     case OMV_LAYER_FLATTEN:
         /* dout is the previous layer's gradient buffer: nothing to move. */
+        break;
+    case OMV_LAYER_GLOBALAVGPOOL:
+        if (din != NULL)
+            gap_backward(self, din, batch);
+        break;
+    case OMV_LAYER_BATCHNORM:
+        bn_backward(self, params, din, batch, grad);
+        break;
+    case OMV_LAYER_ADD:
+        add_backward(self, params, din, batch, grad);
+        break;
+    case OMV_LAYER_SAVE:
+        if (din != NULL)
+            save_backward(self, din, batch);
         break;
     }
 }

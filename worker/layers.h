@@ -10,7 +10,7 @@
 #include "model.h"
 #include "rng.h"
 
-typedef struct {
+typedef struct omv_layer {
     omv_model_layer_t spec;
     uint32_t max_batch;
     size_t in_size, out_size; /* floats per image */
@@ -21,6 +21,12 @@ typedef struct {
                                  its gradient */
     float *mask;              /* dropout: [batch][out_size], 0 or 1 / (1 - rate) */
     uint32_t *arg;            /* maxpool: [batch][out_size] index of the maximum in the input */
+    float *dres;              /* save: [batch][out_size] the gradient its add sends back */
+    struct omv_layer *skip;   /* add: its save layer (borrowed; set by the net) */
+    struct omv_layer *proj;   /* add of another shape: the 1x1 projection it owns */
+    float *xhat;              /* batchnorm: [batch][out_size] the normalised input */
+    float *stats;             /* batchnorm: [3][c] the batch's mean, variance, 1 / std */
+    double *acc;              /* batchnorm: [2][c] sums for the mean and variance */
     bool owns_out;
 } omv_layer_t;
 
@@ -40,6 +46,9 @@ void omv_layer_forward(omv_layer_t *self, const float *params, const float *in, 
 
 /* From dout (and in, the input of the last forward): writes this layer's parameter gradients
  * into grad (the whole model's vector) and, unless din is NULL, the gradient by the input into
- * din[batch][in_size]. Must follow a forward with the same params, in and batch. */
+ * din[batch][in_size]. Must follow a forward with the same params, in and batch. Batch norm
+ * writes its running statistics updated by the batch's into grad's state (spec.s_offset): they
+ * are values for the daemon to average, not gradients. An add writes the gradient of its saved
+ * input into the save layer's dres, which the save adds to its own when its backward runs. */
 void omv_layer_backward(omv_layer_t *self, const float *params, const float *in, float *din,
                         uint32_t batch, float *grad);

@@ -54,6 +54,19 @@ struct omv_net {
 
 static void *part_main(void *arg);
 
+/* Whether layer i's input is a saved output: the save's, through views (flatten) of it. */
+static bool reads_saved(const omv_model_layout_t *layout, uint32_t i)
+{
+    while (i-- > 0) {
+        omv_layer_kind_t k = layout->layers[i].kind;
+        if (k == OMV_LAYER_SAVE)
+            return true;
+        if (k != OMV_LAYER_FLATTEN)
+            return false;
+    }
+    return false;
+}
+
 static int part_init(part_t *p, omv_net_t *net, uint32_t max_batch, bool own_grad)
 {
     const omv_model_layout_t *layout = &net->layout;
@@ -62,11 +75,15 @@ static int part_init(part_t *p, omv_net_t *net, uint32_t max_batch, bool own_gra
     for (uint32_t i = 0; i < layout->n_layers; i++) {
         omv_layer_t *l = &p->layers[i];
         /* A ReLU after a layer works in that layer's buffers: half the memory traffic. The
-         * network's input is the caller's, so a first ReLU keeps its own. */
-        bool in_place = i > 0 && layout->layers[i].kind == OMV_LAYER_RELU;
+         * network's input is the caller's, so a first ReLU keeps its own, and so does one
+         * whose input is a saved output (an add reads it later). */
+        bool in_place =
+            i > 0 && layout->layers[i].kind == OMV_LAYER_RELU && !reads_saved(layout, i);
         ok &= omv_layer_init(l, &layout->layers[i], max_batch, in_place) == 0;
         if ((l->spec.kind == OMV_LAYER_FLATTEN || in_place) && i > 0)
             l->dout = p->layers[i - 1].dout;
+        if (l->spec.kind == OMV_LAYER_ADD)
+            l->skip = &p->layers[l->spec.ref];
     }
     size_t probs = (size_t)max_batch * layout->classes;
     p->prob = malloc(probs * sizeof(float));
@@ -257,6 +274,13 @@ static void part_train(part_t *p, uint32_t batch)
         dr[labels[r]] -= inv_b;
     }
     p->loss_sum = loss;
+    /* Batch norm's backward reads the running statistics it pulled (the state, at the end of
+     * the vector) and writes their update into the gradient's state, layer by layer: the
+     * state is needed before backward, and final only at its end (no early ready then). */
+    const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
+    bool has_state = net->layout.state_offset < net->layout.param_count;
+    if (hooks && has_state)
+        hooks->need(hooks->ctx, net->layout.param_count);
     for (uint32_t i = n; i-- > 0;) {
         const float *in = i == 0 ? x : p->layers[i - 1].out;
         float *din = i == 0 ? NULL : p->layers[i - 1].dout;
@@ -265,8 +289,8 @@ static void part_train(part_t *p, uint32_t batch)
         if (seconds)
             seconds[i] += omv_time_s() - t0;
         const omv_model_layer_t *spec = &net->layout.layers[i];
-        if (net->hooks && p == &net->parts[0] && spec->w_count + spec->b_count > 0)
-            net->hooks->ready(net->hooks->ctx, spec->w_offset);
+        if (hooks && !has_state && spec->w_count + spec->b_count > 0)
+            hooks->ready(hooks->ctx, spec->w_offset);
     }
 }
 
@@ -364,6 +388,18 @@ static void run_parts(omv_net_t *self, int job, const float *params, const float
     }
 }
 
+/* The state (batch norm's running statistics) is each part's value, not a share of a sum: the
+ * summed values become the mean over the parts that had images (an empty part wrote zeros). */
+static void mean_state(omv_net_t *self, float *grad)
+{
+    uint32_t used = 0;
+    for (uint32_t k = 0; k < self->n_parts; k++)
+        used += self->parts[k].count > 0;
+    float inv = 1.0f / (float)(used ? used : 1);
+    for (size_t i = self->layout.state_offset; i < self->layout.param_count; i++)
+        grad[i] *= inv;
+}
+
 float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
                          const uint8_t *labels, uint32_t batch, float *grad)
 {
@@ -392,6 +428,7 @@ float omv_net_train_step_hooked(omv_net_t *self, const float *params, const floa
             for (size_t i = 0; i < n; i++)
                 grad[i] += g[i];
         }
+        mean_state(self, grad);
     }
     if (hooks) {
         /* Layers without parameters at either end: the whole vector is read and final. */

@@ -412,6 +412,9 @@ static int prepare(session_t *s, uint32_t batch)
     s->norm.n_mean = j->n_mean, s->norm.n_std = j->n_std;
     memcpy(s->norm.mean, j->mean, sizeof(s->norm.mean));
     memcpy(s->norm.std, j->std, sizeof(s->norm.std));
+    int trainer = s->cfg->role == OMV_ROLE_TRAINER; /* evaluation sees the images as they are */
+    s->norm.augment_pad = trainer ? j->augment_pad : 0;
+    s->norm.augment_flip = trainer ? j->augment_flip : 0;
     r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
@@ -458,6 +461,7 @@ static void reshuffle(session_t *s)
     omv_rng_init(&rng, s->job.seed ^ (s->epoch * 0x9e3779b97f4a7c15ULL) ^
                            ((uint64_t)s->slice_begin << 32));
     omv_rng_shuffle(&rng, s->order, s->data.count);
+    s->norm.augment_seed = omv_rng_next(&rng); /* this pass's crops and flips */
     s->epoch++;
     s->cursor = 0;
 }

@@ -26,8 +26,9 @@ static const struct {
     const char *name;
     omv_ctl_command_fn fn;
 } local_commands[] = {
-    {"run", omv_ctl_run}, {"watch", omv_ctl_watch},   {"report", omv_ctl_report},
-    {"help", cmd_help},   {"submit", omv_ctl_submit}, {"keygen", omv_ctl_keygen},
+    {"run", omv_ctl_run},       {"watch", omv_ctl_watch},   {"report", omv_ctl_report},
+    {"help", cmd_help},         {"submit", omv_ctl_submit}, {"keygen", omv_ctl_keygen},
+    {"export", omv_ctl_export},
 };
 
 /* What a daemon command takes besides --json. */

@@ -56,6 +56,8 @@ int omv_ctl_keygen(const char *sock, int argc, char **argv, int json);
 /* Makes a key pair and writes it as dir/name.key(_secret) with roles (OMV_CERT_*). Returns 0
  * or a negative errno with the reason in err[OMV_CONFIG_ERR_MAX]. */
 int omv_ctl_make_cert(const char *dir, const char *name, unsigned roles, char *err);
+/* ctl_export.c: export CHECKPOINT|JOB.ini --out FILE [--state-dir DIR]; reads files only. */
+int omv_ctl_export(const char *sock, int argc, char **argv, int json);
 
 /* ctl_watch.c: watch [--interval S] [--count N] [COMMAND] [--json] */
 int omv_ctl_watch(const char *sock, int argc, char **argv, int json);

@@ -26,7 +26,8 @@ void omv_ctl_usage(FILE *out)
         "       omnivorectl [--socket PATH] submit JOB.ini [--workers N] [--set S.K=V]...\n"
         "       omnivorectl run JOB.ini [--workers N] [--threads T] [--set S.K=V]...\n"
         "                   [--report DIR] [--curve] [--json]\n"
-        "       omnivorectl keygen [--roles trainer,evaluator] NAME [DIR]\n\n"
+        "       omnivorectl keygen [--roles trainer,evaluator] NAME [DIR]\n"
+        "       omnivorectl export CHECKPOINT|JOB.ini --out MODEL.safetensors [--state-dir DIR]\n\n"
         "Commands for a running omnivored:\n"
         "  status      daemon, job progress, cluster and refusal counters\n"
         "  workers     every registered worker\n"
@@ -54,7 +55,10 @@ void omv_ctl_usage(FILE *out)
         "              systemctl reload runs; a broken file is refused with the reason)\n"
         "  shutdown    stop the daemon: it checkpoints a running job first, and its workers\n"
         "              wait for it to come back (with --retry, in omnivore-worker)\n"
-        "  help        this text\n\n"
+        "  help        this text\n\n");
+    /* In two parts: one string literal of over 4095 bytes is beyond what C99 promises. */
+    fprintf(
+        out,
         "  run JOB     start omnivored, N trainers and an evaluator on this machine, train the\n"
         "              job, print its summary and stop them all (default N: the job's workers)\n"
         "              --report DIR: write the training report there before they stop;\n"
@@ -62,7 +66,10 @@ void omv_ctl_usage(FILE *out)
         "  keygen NAME [DIR]  write a CURVE key pair: DIR/NAME.key (public: for the daemon's\n"
         "              allow-list folder, or, for NAME daemon, for every worker) and\n"
         "              DIR/NAME.key_secret (mode 0600); --roles: what a worker may be\n"
-        "              (default trainer)\n\n"
+        "              (default trainer)\n"
+        "  export X    write a checkpoint (X, or the newest of job file X: its [checkpoint] dir,\n"
+        "              else DIR/checkpoints/NAME, DIR /var/lib/omnivore or --state-dir) as a\n"
+        "              safetensors file with PyTorch's state_dict names and layouts\n\n"
         "Options:\n"
         "  -s, --socket PATH   control socket (default $OMNIVORE_SOCKET or " OMV_CTL_DEFAULT_SOCKET
         ")\n"
