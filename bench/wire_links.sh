@@ -67,19 +67,23 @@ shape() { # shape RATE: tbf on both ends of each worker host's link
 on() { ns=$1 log=$2; shift 2; ip netns exec "$ns" "$@" >"$log" 2>&1 & pids="$pids $!"; }
 val() { sed -n "s/^$1://p" "$tmp/status" | head -1; }
 one_run() { # one_run WIRE|before: prints "images_per_second test_accuracy"
-    b=$build
-    [ "$1" != before ] || { b=$BEFORE; set -- bf16; }
+    b=$build job=examples/fashion-mlp.ini
+    # The other build reads its own tree's example (its keys are that tree's).
+    [ "$1" != before ] || { b=$BEFORE job=$BEFORE/../examples/fashion-mlp.ini; set -- bf16; }
     daemon=$b/server/omnivored worker=$b/worker/omnivore-worker
+    # Plain tcp, as DDP's gloo is (builds from before CURVE have no --curve).
+    curve=""
+    "$daemon" --help 2>&1 | grep -q -- --curve && curve="--curve no"
     sock=$tmp/c.sock
     rm -rf "$tmp/state" && mkdir "$tmp/state"
-    on "$ns_head" "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
+    on "$ns_head" "$tmp/d.log" "$daemon" --once --job "$job" \
         --endpoint tcp://10.78.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
-        --log-level warn --curve no --set cluster.wire="$1" --set cluster.shards="$SHARDS" \
+        --log-level warn $curve --set cluster.wire="$1" --set cluster.shards="$SHARDS" \
         --set train.batch_size=128 \
         --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" --set eval.every_epochs=0
     n=0
     until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
-        n=$((n + 1)); [ $n -lt 100 ] || { echo "omnivored did not start" >&2; exit 1; }; sleep 0.1
+        n=$((n + 1)); [ $n -lt 100 ] || { echo "omnivored did not start:" >&2; cat "$tmp/d.log" >&2; exit 1; }; sleep 0.1
     done
     on "$ns_w1" "$tmp/w1.log" "$worker" --server tcp://10.78.0.1:5555
     on "$ns_w2" "$tmp/w2.log" "$worker" --server tcp://10.78.0.1:5555
