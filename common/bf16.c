@@ -13,7 +13,12 @@ static inline uint16_t round_one(uint32_t u)
 }
 
 /* Hot on both sides of every step: AVX2 where the machine has it. */
+/* gcc's; clang 14 leaves an exported function's clones unresolved at link time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
 
 HOT void omv_bf16_from_f32(uint16_t *dst, const float *src, size_t n)
 {
