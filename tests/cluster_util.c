@@ -307,3 +307,20 @@ double wait_done(omv_strbuf_t *body, int timeout_ms)
         sleep_ms(50);
     }
 }
+
+/* A line of /proc/PID/status ("VmRSS", "VmHWM") in KiB. */
+long proc_kib(pid_t pid, const char *key)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    long v = -1;
+    size_t k = strlen(key);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, key, k) == 0 && line[k] == ':')
+            v = strtol(line + k + 1, NULL, 10);
+    fclose(f);
+    ck_assert_int_ge(v, 0);
+    return v;
+}

@@ -25,6 +25,8 @@ pid_t start_worker(const char *role);
 /* A worker that adds delay_ms ("N" or "MIN-MAX") to every step, and takes a daemon silent
  * for 2 s for gone. */
 pid_t start_worker_slow(const char *role, const char *delay_ms);
+/* A line of /proc/PID/status ("VmRSS", "VmHWM") in KiB (fails the test when absent). */
+long proc_kib(pid_t pid, const char *key);
 /* A number from the daemon's status. */
 double status_field(const char *key);
 /* Polls status until key >= at_least (fails the test after timeout_ms); returns the value. */

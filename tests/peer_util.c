@@ -7,6 +7,7 @@
 #include <zmq.h>
 
 #include "cluster_util.h"
+#include "util.h"
 
 void peer_open(peer_t *p)
 {
@@ -106,4 +107,14 @@ void pull_model(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j, f
         ck_assert_int_eq(m.u.params.count, j->shard_offsets[s + 1] - j->shard_offsets[s]);
         memcpy(model + j->shard_offsets[s], part, m.u.params.count * sizeof(float));
     }
+}
+
+void peer_hello(peer_t *p, const char *hostname, omv_msg_t *welcome)
+{
+    omv_msg_t m = {.type = OMV_MSG_HELLO};
+    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+    omv_strlcpy(m.u.hello.hostname, hostname, sizeof(m.u.hello.hostname));
+    peer_send(p, &m, NULL, 0);
+    peer_recv(p, welcome, NULL, 0);
+    ck_assert_int_eq(welcome->type, OMV_MSG_WELCOME);
 }

@@ -23,6 +23,8 @@ void peer_send_raw(peer_t *p, const void *a, size_t alen, const void *b, size_t 
 void peer_send(peer_t *p, const omv_msg_t *m, const float *payload, size_t count);
 /* Receives one message (within 5 s); the payload, if any, goes into payload[cap]. */
 void peer_recv(peer_t *p, omv_msg_t *m, float *payload, size_t cap);
+/* Registers as a trainer named hostname; *welcome gets the Welcome (fails the test otherwise). */
+void peer_hello(peer_t *p, const char *hostname, omv_msg_t *welcome);
 /* The next message must be an Error with this code and a reason. */
 void expect_error(peer_t *p, omv_refuse_t code);
 /* Pulls step into model[param_count], checking shard by shard. */

@@ -320,14 +320,8 @@ END_TEST
 static void daemon_usage(pid_t d, long *rss_kb, int *fds, int *segments)
 {
     char path[64], line[512];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)d);
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    *rss_kb = -1;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, "VmRSS:", 6) == 0)
-            *rss_kb = atol(line + 6);
-    fclose(f);
+    *rss_kb = proc_kib(d, "VmRSS");
+    FILE *f;
     snprintf(path, sizeof(path), "/proc/%d/maps", (int)d);
     f = fopen(path, "r");
     ck_assert_ptr_nonnull(f);

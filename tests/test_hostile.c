@@ -24,23 +24,6 @@
 #include "util.h"
 #include "wire.h"
 
-/* A line of /proc/PID/status ("VmRSS", "VmHWM") in KiB. */
-static long proc_kib(pid_t pid, const char *key)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    ck_assert_ptr_nonnull(f);
-    long v = -1;
-    size_t k = strlen(key);
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, key, k) == 0 && line[k] == ':')
-            v = strtol(line + k + 1, NULL, 10);
-    fclose(f);
-    ck_assert_int_ge(v, 0);
-    return v;
-}
-
 /* Two 32 MB frames from a stranger: the connection is dropped before either is buffered (the
  * frame limit comes from the job's small model), and the daemon goes on answering. */
 START_TEST(test_oversized_frames)
@@ -106,13 +89,8 @@ START_TEST(test_huge_gradient_refused)
     pid_t d = start_daemon();
     peer_t p;
     peer_open(&p);
-    omv_msg_t m = {.type = OMV_MSG_HELLO};
-    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
-    strcpy(m.u.hello.hostname, "stranger");
-    peer_send(&p, &m, NULL, 0);
     static omv_msg_t w;
-    peer_recv(&p, &w, NULL, 0);
-    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    peer_hello(&p, "stranger", &w);
     const omv_jobspec_t *j = &w.u.welcome.job;
     uint32_t id = w.u.welcome.worker_id;
     size_t n = j->param_count;
@@ -155,13 +133,8 @@ START_TEST(test_heartbeat_only_member_expires)
     pid_t d = start_daemon();
     peer_t p;
     peer_open(&p);
-    omv_msg_t m = {.type = OMV_MSG_HELLO};
-    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
-    strcpy(m.u.hello.hostname, "squatter");
-    peer_send(&p, &m, NULL, 0);
     static omv_msg_t w;
-    peer_recv(&p, &w, NULL, 0);
-    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    peer_hello(&p, "squatter", &w);
     omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
     hb.u.heartbeat.worker_id = w.u.welcome.worker_id;
     pid_t tr = start_worker("trainer");
@@ -193,13 +166,8 @@ START_TEST(test_hostname_newline)
     pid_t d = start_daemon();
     peer_t p;
     peer_open(&p);
-    omv_msg_t m = {.type = OMV_MSG_HELLO};
-    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
-    strcpy(m.u.hello.hostname, "evil\nstate:forged\nworkers_alive:99");
-    peer_send(&p, &m, NULL, 0);
     static omv_msg_t w;
-    peer_recv(&p, &w, NULL, 0);
-    ck_assert_int_eq(w.type, OMV_MSG_WELCOME);
+    peer_hello(&p, "evil\nstate:forged\nworkers_alive:99", &w);
     static char out[65536];
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "workers"), 0);
     ck_assert_msg(!has_text(out, "\nstate:forged") && !has_text(out, "\nworkers_alive:99"),

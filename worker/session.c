@@ -531,8 +531,8 @@ static void use_transport(session_t *s, int shm)
 }
 
 /* Takes one shard of the parameters asked for into params. The first fixes the step and the
- * batch; the others must agree. Returns 0 or -EPROTO. */
-static int take_params(session_t *s, const omv_params_t *p, uint32_t *batch)
+ * batch (begin_step keeps it in s->batch); the others must agree. Returns 0 or -EPROTO. */
+static int take_params(session_t *s, const omv_params_t *p)
 {
     const omv_jobspec_t *j = &s->job;
     if (s->have == 0)
@@ -546,7 +546,7 @@ static int take_params(session_t *s, const omv_params_t *p, uint32_t *batch)
                       (unsigned long long)s->asked);
         return -EPROTO;
     }
-    if (p->batch == 0 || p->batch > j->batch_size || (s->have > 0 && p->batch != *batch)) {
+    if (p->batch == 0 || p->batch > j->batch_size || (s->have > 0 && p->batch != s->batch)) {
         omv_log_error("daemon asks for a batch of %u images; this worker takes 1 to %u, the "
                       "same for every shard of a step",
                       p->batch, j->batch_size);
@@ -570,7 +570,6 @@ static int take_params(session_t *s, const omv_params_t *p, uint32_t *batch)
         memcpy(s->params + p->offset, data, len);
     s->got[p->shard] = 1;
     s->have++;
-    *batch = p->batch;
     return 0;
 }
 
@@ -587,8 +586,7 @@ static int recv_shard(session_t *s, omv_params_t *ret)
             omv_log_warn("ignoring %s while waiting for parameters", omv_msg_name(m.type));
             continue;
         }
-        uint32_t batch = s->batch;
-        r = take_params(s, &m.u.params, &batch);
+        r = take_params(s, &m.u.params);
         if (r == 0 && ret)
             *ret = m.u.params;
         return r;
@@ -683,7 +681,7 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
     m.u.push = (omv_push_t){s->worker_id, s->step, sh, off, count, loss, s->batch, ms, wire};
     const void *values = s->g + off; /* in the segment already when the wire is shm */
     if (wire == OMV_WIRE_BF16) {
-        omv_bf16_from_f32(s->grad16 + off, s->grad + off, count);
+        omv_bf16_from_f32(s->grad16 + off, s->g + off, count);
         values = s->grad16 + off;
     }
     s->pushed[sh] = 1;
