@@ -35,6 +35,8 @@ int omv_cert_parse_roles(const char *text)
             roles |= OMV_CERT_TRAINER;
         else if (strcmp(t, "evaluator") == 0)
             roles |= OMV_CERT_EVALUATOR;
+        else if (strcmp(t, "shard") == 0)
+            roles |= OMV_CERT_SHARD;
         else
             return -EINVAL;
     }
@@ -103,10 +105,11 @@ int omv_cert_read(const char *path, omv_cert_t *ret, char *err)
     if (r == 0 && c.secret_key[0] && !omv_cert_key_valid(c.secret_key))
         r = -EINVAL;
     if (r < 0) {
-        snprintf(err, OMV_CONFIG_ERR_MAX,
-                 "%s: not a CURVE certificate (a 40-character Z85 public-key, an optional "
-                 "secret-key and roles of trainer or evaluator; omnivorectl keygen writes them)",
-                 path);
+        snprintf(
+            err, OMV_CONFIG_ERR_MAX,
+            "%s: not a CURVE certificate (a 40-character Z85 public-key, an optional "
+            "secret-key and roles of trainer, evaluator or shard; omnivorectl keygen writes them)",
+            path);
         return r;
     }
     *ret = c;
@@ -135,9 +138,11 @@ static int write_file(const char *path, mode_t mode, const char *text, char *err
 int omv_cert_write(const char *dir, const char *name, const omv_cert_t *cert, char *err)
 {
     char path[4200], text[1024], roles[64] = "";
-    snprintf(roles, sizeof(roles), "%s%s%s", (cert->roles & OMV_CERT_TRAINER) ? "trainer" : "",
-             cert->roles == (OMV_CERT_TRAINER | OMV_CERT_EVALUATOR) ? "," : "",
-             (cert->roles & OMV_CERT_EVALUATOR) ? "evaluator" : "");
+    static const char *const names[] = {"trainer", "evaluator", "shard"};
+    for (unsigned i = 0, n = 0; i < 3; i++)
+        if (cert->roles & (1u << i))
+            snprintf(roles + strlen(roles), sizeof(roles) - strlen(roles), "%s%s", n++ ? "," : "",
+                     names[i]);
     static const char head[] = "#   ZeroMQ CURVE %s Certificate (omnivorectl keygen)\n"
                                "#   %s\n\nmetadata\n    roles = \"%s\"\ncurve\n"
                                "    public-key = \"%s\"\n";

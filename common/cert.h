@@ -10,6 +10,7 @@
 enum {
     OMV_CERT_TRAINER = 1 << 0,
     OMV_CERT_EVALUATOR = 1 << 1,
+    OMV_CERT_SHARD = 1 << 2, /* a shard server (omnivored --role shard) */
 };
 
 typedef struct {

@@ -96,6 +96,8 @@ const omv_config_entry_t omv_job_table[] = {
     {"cluster", "staleness", INT(staleness), "none", 0, 1e6, OMV_CONFIG_NONE_IS_NEG,
      "bound s across groups (0: lock-step; none or -1: no bound)"},
     {"cluster", "shards", INT(shards), "2", 1, 256, 0, "parameter shards on the daemon"},
+    {"cluster", "servers", INT(servers), "0", 0, 16, 0,
+     "shard servers (omnivored --role shard) the model is spread over; 0: the daemon holds it"},
     {"cluster", "split", STR(split_name), "even", 0, 0, 0,
      "how a group's batch is shared among its members: even (as evenly as it goes), or speed "
      "(in proportion to each member's measured images/s, so a slower one does not hold its "
@@ -418,11 +420,34 @@ double omv_job_lr_factor(const omv_job_t *job, double epoch, uint64_t steps)
     return f;
 }
 
+/* A model on shard servers: what they cannot do yet is refused by name. */
+static int validate_servers(const omv_job_t *job, const char *path, char *err)
+{
+    const char *what = NULL;
+    if (job->servers == 0)
+        return 0;
+    if (job->shards < job->servers)
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [cluster] shards: %lld shards cannot spread over %lld servers: give at "
+                 "least as many shards as servers",
+                 path, (long long)job->shards, (long long)job->servers);
+    else if (job->optimizer)
+        what = "[optimizer] enabled (it regroups, which shard servers cannot follow yet)";
+    else if (job->split_by_speed)
+        what = "[cluster] split = speed";
+    if (what)
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] servers = %lld: not yet with %s", path,
+                 (long long)job->servers, what);
+    return job->shards < job->servers || what ? -EINVAL : 0;
+}
+
 int omv_job_validate(omv_job_t *job, const char *path, char *err)
 {
     int r = validate_model(job, path, 0, err);
     if (r == 0)
         r = validate_train(job, path, err);
+    if (r == 0)
+        r = validate_servers(job, path, err);
     if (r < 0)
         return r;
     if (job->groups > job->workers) {

@@ -42,6 +42,16 @@ static const char *const refuse_names[] = {
     "step", "full",      "role",    "norm",           "auth",
 };
 
+static const char *const server_op_names[] = {"assign", "member", "start",
+                                              "gather", "end",    "gathered"};
+
+const char *omv_server_op_name(omv_server_op_t op)
+{
+    if ((unsigned)op < OMV_ARRAY_SIZE(server_op_names))
+        return server_op_names[op];
+    return "unknown";
+}
+
 const char *omv_refuse_name(omv_refuse_t code)
 {
     if ((unsigned)code < OMV_ARRAY_SIZE(refuse_names))
@@ -50,8 +60,8 @@ const char *omv_refuse_name(omv_refuse_t code)
 }
 
 static const char *const msg_names[] = {
-    "none",      "hello",        "welcome",     "pull",  "params", "push",
-    "heartbeat", "eval_request", "eval_result", "error", "stop",   "leave",
+    "none",        "hello", "welcome", "pull",  "params", "push",   "heartbeat", "eval_request",
+    "eval_result", "error", "stop",    "leave", "attach", "report", "server",
 };
 
 const char *omv_msg_name(omv_msg_type_t type)
@@ -70,6 +80,8 @@ uint32_t omv_wire_payload_count(const omv_msg_t *msg)
         return msg->u.push.wire == OMV_WIRE_SHM ? 0 : msg->u.push.count;
     case OMV_MSG_EVAL_REQUEST:
         return msg->u.eval_request.count;
+    case OMV_MSG_SERVER:
+        return msg->u.server.count;
     default:
         return 0;
     }
@@ -98,8 +110,13 @@ typedef struct {
         Omnivore__Error error;
         Omnivore__Stop stop;
         Omnivore__Leave leave;
+        Omnivore__Attach attach;
+        Omnivore__Report report;
+        Omnivore__Server server;
     } u;
     Omnivore__JobSpec job;
+    Omnivore__ServerInfo infos[OMV_WIRE_MAX_SERVERS];
+    Omnivore__ServerInfo *info_ptrs[OMV_WIRE_MAX_SERVERS];
 } bodies_t;
 
 static Omnivore__Hello *encode_hello(const omv_hello_t *h, Omnivore__Hello *out)
@@ -112,6 +129,8 @@ static Omnivore__Hello *encode_hello(const omv_hello_t *h, Omnivore__Hello *out)
     out->threads = h->threads;
     out->previous_worker_id = h->previous_worker_id;
     out->name = (char *)h->name;
+    out->endpoint = (char *)h->endpoint;
+    out->public_key = (char *)h->public_key;
     return out;
 }
 
@@ -149,6 +168,23 @@ static void encode_jobspec(const omv_jobspec_t *j, Omnivore__JobSpec *out)
 }
 
 /* An idle worker's welcome carries no job. */
+static void encode_servers(const omv_welcome_t *w, Omnivore__Welcome *out, bodies_t *b)
+{
+    uint32_t n = w->n_servers < OMV_WIRE_MAX_SERVERS ? w->n_servers : OMV_WIRE_MAX_SERVERS;
+    for (uint32_t i = 0; i < n; i++) {
+        Omnivore__ServerInfo *s = &b->infos[i];
+        *s = (Omnivore__ServerInfo)OMNIVORE__SERVER_INFO__INIT;
+        s->endpoint = (char *)w->servers[i].endpoint;
+        s->public_key = (char *)w->servers[i].public_key;
+        s->first_shard = w->servers[i].first_shard;
+        s->last_shard = w->servers[i].last_shard;
+        b->info_ptrs[i] = s;
+    }
+    out->n_servers = n;
+    out->servers = n ? b->info_ptrs : NULL;
+    out->attach_token = w->attach_token;
+}
+
 static Omnivore__Welcome *encode_welcome(const omv_welcome_t *w, Omnivore__Welcome *out,
                                          Omnivore__JobSpec *job)
 {
@@ -209,6 +245,44 @@ static Omnivore__EvalResult *encode_eval_result(const omv_eval_result_t *e,
     return out;
 }
 
+static Omnivore__Report *encode_report(const omv_step_report_t *p, Omnivore__Report *out)
+{
+    *out = (Omnivore__Report)OMNIVORE__REPORT__INIT;
+    out->worker_id = p->worker_id;
+    out->step = p->step;
+    out->loss = p->loss;
+    out->samples = p->samples;
+    out->compute_ms = p->compute_ms;
+    return out;
+}
+
+static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Server *out)
+{
+    *out = (Omnivore__Server)OMNIVORE__SERVER__INIT;
+    out->op = (Omnivore__ServerOp)m->op;
+    out->server_id = m->server_id;
+    out->first_shard = m->first_shard;
+    out->last_shard = m->last_shard;
+    out->train_count = m->train_count;
+    out->n_groups = m->n_groups;
+    out->n_clocks = m->n_groups < OMV_WIRE_MAX_CLOCKS ? m->n_groups : OMV_WIRE_MAX_CLOCKS;
+    out->clocks = (uint64_t *)m->clocks;
+    out->job_bytes = m->job_bytes;
+    out->worker_id = m->worker_id;
+    out->slot = m->slot;
+    out->group = m->group;
+    out->state = m->state;
+    out->host = (char *)m->host;
+    out->key = (char *)m->key;
+    out->token = m->token;
+    out->gather_id = m->gather_id;
+    out->final = m->final != 0;
+    out->count = m->count;
+    out->images = m->images;
+    out->steps = m->steps;
+    return out;
+}
+
 /* Points env at msg's body, converted into b (which borrows msg's strings and arrays). Returns
  * 0, or -EINVAL for a type that has no body. */
 static int encode_body(const omv_msg_t *msg, Omnivore__Envelope *env, bodies_t *b)
@@ -219,6 +293,19 @@ static int encode_body(const omv_msg_t *msg, Omnivore__Envelope *env, bodies_t *
         return 0;
     case OMV_MSG_WELCOME:
         env->welcome = encode_welcome(&msg->u.welcome, &b->u.welcome, &b->job);
+        encode_servers(&msg->u.welcome, env->welcome, b);
+        return 0;
+    case OMV_MSG_ATTACH:
+        b->u.attach = (Omnivore__Attach)OMNIVORE__ATTACH__INIT;
+        b->u.attach.worker_id = msg->u.attach.worker_id;
+        b->u.attach.token = msg->u.attach.token;
+        env->attach = &b->u.attach;
+        return 0;
+    case OMV_MSG_REPORT:
+        env->report = encode_report(&msg->u.report, &b->u.report);
+        return 0;
+    case OMV_MSG_SERVER:
+        env->server = encode_server(&msg->u.server, &b->u.server);
         return 0;
     case OMV_MSG_PULL:
         b->u.pull = (Omnivore__Pull)OMNIVORE__PULL__INIT;
@@ -376,19 +463,80 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
     return 0;
 }
 
+/* The servers must hold every shard, in order, each once (checked against the job after). */
+static int decode_servers(const Omnivore__Welcome *w, omv_welcome_t *out, char *why)
+{
+    if (w->n_servers > OMV_WIRE_MAX_SERVERS)
+        FAIL("welcome names %zu shard servers, at most %d", w->n_servers, OMV_WIRE_MAX_SERVERS);
+    out->n_servers = (uint32_t)w->n_servers;
+    out->attach_token = w->attach_token;
+    for (uint32_t i = 0; i < out->n_servers; i++) {
+        const Omnivore__ServerInfo *s = w->servers[i];
+        omv_server_info_t *o = &out->servers[i];
+        if (copy_str(o->endpoint, sizeof(o->endpoint), s->endpoint, "endpoint", why) < 0 ||
+            copy_str(o->public_key, sizeof(o->public_key), s->public_key, "public key", why) < 0)
+            return -EPROTO;
+        o->first_shard = s->first_shard;
+        o->last_shard = s->last_shard;
+        uint32_t expect = i == 0 ? 0 : out->servers[i - 1].last_shard;
+        if (o->first_shard != expect || o->last_shard <= o->first_shard ||
+            o->last_shard > OMV_WIRE_MAX_SHARDS)
+            FAIL("shard server %u holds shards [%u, %u): not the next ones after %u", i,
+                 o->first_shard, o->last_shard, expect);
+    }
+    return 0;
+}
+
+static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *why)
+{
+    if ((unsigned)s->op >= OMV_SERVER_OP_COUNT_)
+        FAIL("unknown server op %d", (int)s->op);
+    if (s->n_clocks > OMV_WIRE_MAX_CLOCKS || s->n_clocks != s->n_groups)
+        FAIL("server message has %zu clocks for %u groups (at most %d)", s->n_clocks, s->n_groups,
+             OMV_WIRE_MAX_CLOCKS);
+    if (s->last_shard < s->first_shard || s->last_shard > OMV_WIRE_MAX_SHARDS)
+        FAIL("server message names shards [%u, %u)", s->first_shard, s->last_shard);
+    m->op = (omv_server_op_t)s->op;
+    m->server_id = s->server_id;
+    m->first_shard = s->first_shard;
+    m->last_shard = s->last_shard;
+    m->train_count = s->train_count;
+    m->n_groups = s->n_groups;
+    if (s->n_clocks > 0)
+        memcpy(m->clocks, s->clocks, s->n_clocks * sizeof(uint64_t));
+    m->job_bytes = s->job_bytes;
+    m->worker_id = s->worker_id;
+    m->slot = s->slot;
+    m->group = s->group;
+    m->state = s->state;
+    m->token = s->token;
+    m->gather_id = s->gather_id;
+    m->final = s->final;
+    m->count = s->count;
+    m->images = s->images;
+    m->steps = s->steps;
+    if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0)
+        return -EPROTO;
+    return copy_str(m->key, sizeof(m->key), s->key, "key", why);
+}
+
 static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
 {
     switch (env->body_case) {
     case OMNIVORE__ENVELOPE__BODY_HELLO: {
         const Omnivore__Hello *h = env->hello;
         m->u.hello.protocol_version = h->protocol_version;
-        if ((unsigned)h->role > OMV_ROLE_EVALUATOR)
+        if ((unsigned)h->role > OMV_ROLE_SHARD)
             FAIL("unknown role %d", (int)h->role);
         m->u.hello.role = (omv_role_t)h->role;
         m->u.hello.pid = h->pid;
         m->u.hello.threads = h->threads;
         m->u.hello.previous_worker_id = h->previous_worker_id;
-        if (copy_text(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0)
+        if (copy_text(m->u.hello.name, sizeof(m->u.hello.name), h->name, "name", why) < 0 ||
+            copy_str(m->u.hello.endpoint, sizeof(m->u.hello.endpoint), h->endpoint, "endpoint",
+                     why) < 0 ||
+            copy_str(m->u.hello.public_key, sizeof(m->u.hello.public_key), h->public_key,
+                     "public key", why) < 0)
             return -EPROTO;
         return copy_text(m->u.hello.hostname, sizeof(m->u.hello.hostname), h->hostname, "hostname",
                          why);
@@ -405,7 +553,21 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
             return -EPROTO;
         if (m->u.welcome.idle)
             return 0;
+        if (decode_servers(env->welcome, &m->u.welcome, why) < 0)
+            return -EPROTO;
         return decode_jobspec(env->welcome->job, &m->u.welcome.job, why);
+    case OMNIVORE__ENVELOPE__BODY_ATTACH:
+        m->u.attach.worker_id = env->attach->worker_id;
+        m->u.attach.token = env->attach->token;
+        return 0;
+    case OMNIVORE__ENVELOPE__BODY_REPORT: {
+        const Omnivore__Report *p = env->report;
+        m->u.report =
+            (omv_step_report_t){p->worker_id, p->step, p->loss, p->samples, p->compute_ms};
+        return 0;
+    }
+    case OMNIVORE__ENVELOPE__BODY_SERVER:
+        return decode_server(env->server, &m->u.server, why);
     case OMNIVORE__ENVELOPE__BODY_PULL:
         m->u.pull.worker_id = env->pull->worker_id;
         m->u.pull.step = env->pull->step;

@@ -9,7 +9,7 @@
 #include "job.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 4
+#define OMV_PROTOCOL_VERSION 5
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
@@ -37,12 +37,21 @@ typedef enum {
     OMV_MSG_ERROR,
     OMV_MSG_STOP,
     OMV_MSG_LEAVE,
+    OMV_MSG_ATTACH,
+    OMV_MSG_REPORT,
+    OMV_MSG_SERVER,
 } omv_msg_type_t;
 
 typedef enum {
     OMV_ROLE_TRAINER = 0,
     OMV_ROLE_EVALUATOR = 1,
+    OMV_ROLE_SHARD = 2, /* a shard server (omnivored --role shard) */
 } omv_role_t;
+
+/* Shard servers a job's model may be spread over, and the groups a coordinator tells them of. */
+#define OMV_WIRE_MAX_SERVERS 16
+#define OMV_WIRE_MAX_CLOCKS 2304
+#define OMV_WIRE_ENDPOINT_MAX 256
 
 /* Refusal reasons; the same numbers as ErrorCode in omnivore.proto. */
 typedef enum {
@@ -71,7 +80,17 @@ typedef struct {
     uint32_t threads;
     uint32_t previous_worker_id;
     char name[64]; /* may be empty */
+    /* A shard server: where workers reach it, and its CURVE public key ("": none). */
+    char endpoint[OMV_WIRE_ENDPOINT_MAX];
+    char public_key[41];
 } omv_hello_t;
+
+/* A shard server as workers see it: it holds shards [first_shard, last_shard). */
+typedef struct {
+    char endpoint[OMV_WIRE_ENDPOINT_MAX];
+    char public_key[41];
+    uint32_t first_shard, last_shard;
+} omv_server_info_t;
 
 typedef struct {
     char name[64];
@@ -110,7 +129,57 @@ typedef struct {
      * segments (common/shm.h), and the token that proves it is this worker; empty: none. */
     char shm_socket[OMV_WIRE_SHM_NAME_MAX];
     uint64_t shm_token;
+    /* The model on shard servers: every shard is on exactly one of them, in order; the worker
+     * attaches to each with attach_token, and reports its steps to the coordinator. */
+    omv_server_info_t servers[OMV_WIRE_MAX_SERVERS];
+    uint32_t n_servers; /* 0: the daemon holds the model */
+    uint64_t attach_token;
 } omv_welcome_t;
+
+typedef struct {
+    uint32_t worker_id;
+    uint64_t token;
+} omv_attach_t;
+
+typedef struct {
+    uint32_t worker_id;
+    uint64_t step;
+    float loss;
+    uint32_t samples;
+    float compute_ms;
+} omv_step_report_t;
+
+/* Coordinator <-> shard server (proto's ServerOp). */
+typedef enum {
+    OMV_SERVER_ASSIGN = 0,
+    OMV_SERVER_MEMBER,
+    OMV_SERVER_START,
+    OMV_SERVER_GATHER,
+    OMV_SERVER_END,
+    OMV_SERVER_GATHERED,
+    OMV_SERVER_OP_COUNT_
+} omv_server_op_t;
+
+/* SERVER_MEMBER's state. */
+enum { OMV_SERVER_MEMBER_ALIVE = 0, OMV_SERVER_MEMBER_LEFT = 1, OMV_SERVER_MEMBER_DEAD = 2 };
+
+typedef struct {
+    omv_server_op_t op;
+    uint32_t server_id;
+    uint32_t first_shard, last_shard;
+    uint32_t train_count;
+    uint32_t n_groups;
+    uint64_t clocks[OMV_WIRE_MAX_CLOCKS];
+    uint32_t job_bytes; /* ASSIGN: the omv_job_t leads the payload, padded to 4 bytes */
+    uint32_t worker_id, slot, group, state;
+    char host[64];
+    char key[41];
+    uint64_t token;
+    uint64_t gather_id;
+    int final;
+    uint32_t count; /* 4-byte words that follow */
+    uint64_t images, steps;
+} omv_server_msg_t;
 
 typedef struct {
     uint32_t worker_id;
@@ -181,11 +250,16 @@ typedef struct {
         omv_error_t error;
         omv_stop_t stop;
         omv_leave_t leave;
+        omv_attach_t attach;
+        omv_step_report_t report;
+        omv_server_msg_t server;
     } u;
 } omv_msg_t;
 
 /* Names a message type for logs. */
 const char *omv_msg_name(omv_msg_type_t type);
+/* Names a coordinator <-> shard server operation for logs. */
+const char *omv_server_op_name(omv_server_op_t op);
 
 /* Values that must follow this message in its second frame (0 for none). */
 uint32_t omv_wire_payload_count(const omv_msg_t *msg);

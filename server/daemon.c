@@ -19,6 +19,7 @@
 #include "log.h"
 #include "messages.h"
 #include "notify.h"
+#include "part.h"
 #include "schedule.h"
 #include "status.h"
 #include "util.h"
@@ -41,7 +42,10 @@ void omv_daemon_set_reload(omv_daemon_t *d, volatile sig_atomic_t *flag, const c
 
 static void cron_members(omv_daemon_t *d)
 {
-    omv_messages_expire(d);
+    if (d->shard_role)
+        omv_part_cron(d); /* the coordinator declares workers dead; we keep in touch with it */
+    else
+        omv_messages_expire(d);
 }
 
 static void cron_run(omv_daemon_t *d)
@@ -169,6 +173,8 @@ static int setup_curve(omv_daemon_t *d, omv_router_curve_t *ret, char *secret, s
     omv_cert_t cert = {.secret_key = ""};
     credential_path(cfg->secret_key, path, sizeof(path));
     credential_path(cfg->allow_dir, d->allow_dir, sizeof(d->allow_dir));
+    omv_strlcpy(d->secret_key_path, path, sizeof(d->secret_key_path));
+    credential_path(cfg->coordinator_key, d->coordinator_key, sizeof(d->coordinator_key));
     if (omv_cert_read(path, &cert, err) < 0 || cert.secret_key[0] == '\0') {
         omv_log_error("CURVE is on for %s but the daemon's secret key cannot be used (%s%s); "
                       "make one with omnivorectl keygen daemon DIR and set [security] "
@@ -229,6 +235,19 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
         }
         d->admin_gid = g->gr_gid;
     }
+    d->shard_role = strcmp(cfg->role, "shard") == 0;
+    if (!d->shard_role && strcmp(cfg->role, "coordinator") != 0) {
+        omv_log_error("[daemon] role = '%s' is not coordinator or shard", cfg->role);
+        free(d);
+        errno = EINVAL;
+        return NULL;
+    }
+    if (d->shard_role && job != NULL) {
+        omv_log_error("a shard server takes its jobs from the coordinator: no --job");
+        free(d);
+        errno = EINVAL;
+        return NULL;
+    }
     d->members = omv_members_new(OMV_MEMBERS_MAX);
     d->jobs = omv_jobs_new(cfg->state_dir, cfg->once);
     int r = -ENOMEM;
@@ -247,7 +266,13 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
         goto fail;
     }
     omv_refusals_init(&d->refusals, d->router);
-    omv_local_open(&d->local);
+    if (d->shard_role) {
+        r = omv_part_setup(d);
+        if (r < 0)
+            goto fail;
+    } else {
+        omv_local_open(&d->local);
+    }
     d->control = omv_control_new(cfg->control);
     if (d->control == NULL) {
         r = -errno;
@@ -347,6 +372,8 @@ static int turn(omv_daemon_t *d, int64_t wait)
         omv_run_drain_shards(d->run);
     if (r > 0 && router_ready) {
         omv_messages_drain(d);
+        if (d->shard_role)
+            omv_part_drain(d);
         if (d->run)
             omv_run_progress(d->run);
     }

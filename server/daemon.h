@@ -20,6 +20,10 @@ typedef struct {
     char curve[8];                          /* auto (tcp only), yes or no */
     char secret_key[OMV_JOB_PATH_MAX];      /* the daemon's secret certificate */
     char allow_dir[OMV_JOB_PATH_MAX];       /* public certificates of admitted workers */
+    char role[16];                          /* coordinator (the default) or shard */
+    char coordinator[256];                  /* role shard: the coordinator's worker endpoint */
+    char advertise[256];                    /* role shard: the endpoint workers are told */
+    char coordinator_key[OMV_JOB_PATH_MAX]; /* role shard: the coordinator's public certificate */
     int once; /* not a config key (omnivored --once): run the given job only, refuse
                * submissions, and tell the workers to exit when it ends */
 } omv_daemon_config_t;

@@ -43,6 +43,18 @@ const omv_config_entry_t omv_daemon_table[] = {
      "$CREDENTIALS_DIRECTORY (systemd's LoadCredential=)"},
     {"security", "allow_dir", STR(allow_dir), "/etc/omnivore/workers.d", 0, 0, 0,
      "the folder of admitted workers' public certificates (NAME.key, with their roles)"},
+    {"daemon", "role", STR(role), "coordinator", 0, 0, 0,
+     "coordinator (holds jobs, members and, without shard servers, the model) or shard (holds "
+     "some of a job's shards for the coordinator below)"},
+    {"daemon", "coordinator", STR(coordinator), "", 0, 0, 0,
+     "role shard: the coordinator's worker endpoint (tcp://HEAD:5555)"},
+    {"daemon", "advertise", STR(advertise), "", 0, 0, 0,
+     "role shard: the endpoint workers are told to connect to (empty: endpoint, when it names "
+     "a host)"},
+    {"security", "coordinator_key", STR(coordinator_key), "/etc/omnivore/keys/coordinator.key", 0,
+     0, 0,
+     "role shard with CURVE: the coordinator's public certificate (its daemon.key); a relative "
+     "path is taken from $CREDENTIALS_DIRECTORY"},
 };
 const size_t omv_daemon_table_len = OMV_ARRAY_SIZE(omv_daemon_table);
 

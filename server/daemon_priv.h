@@ -15,6 +15,7 @@
 #include "refusals.h"
 #include "router.h"
 #include "run.h"
+#include "servers.h"
 
 /* A `checkpoint` request waiting for its checkpoint to be written. */
 typedef struct {
@@ -51,4 +52,15 @@ struct omv_daemon {
     omv_pending_ckpt_t pending[OMV_DAEMON_MAX_PENDING];
 
     omv_local_t local; /* shared memory for the trainers on this host */
+
+    omv_servers_t servers; /* a coordinator's shard servers */
+
+    /* A shard server (role shard): its link to the coordinator. */
+    int shard_role;
+    uint32_t server_id; /* its id at the coordinator; 0: not registered */
+    int64_t up_heard_ms, up_sent_ms, up_hello_ms;
+    char advertise[256]; /* where its workers connect */
+    char public_key[41]; /* its CURVE public key ("": none) */
+    char coordinator_key[OMV_JOB_PATH_MAX + 256];
+    char secret_key_path[OMV_JOB_PATH_MAX + 256];
 };

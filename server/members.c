@@ -129,6 +129,27 @@ member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, cons
     return m;
 }
 
+member_t *omv_members_adopt(omv_members_t *self, uint32_t id, const char *host, const char *key,
+                            uint64_t attach_token)
+{
+    if (id == 0 || id > self->max)
+        return NULL;
+    for (uint32_t k = self->n; k + 1 < id; k++)
+        self->records[k].state = MEMBER_DONE; /* ids the coordinator gave others */
+    member_t *m = &self->records[id - 1];
+    memset(m, 0, sizeof(*m));
+    m->used = 1;
+    m->state = MEMBER_ALIVE;
+    m->role = OMV_ROLE_TRAINER;
+    omv_strlcpy(m->host, host, sizeof(m->host));
+    omv_strlcpy(m->key, key, sizeof(m->key));
+    m->attach_token = attach_token;
+    m->joined_ms = m->last_seen_ms = omv_time_ms();
+    if (id > self->n)
+        self->n = id;
+    return m;
+}
+
 int omv_members_live_trainers(const omv_members_t *self)
 {
     int n = 0;

@@ -47,7 +47,12 @@ typedef struct {
     int served;           /* it was sent parameters at least once */
     uint64_t served_step; /* the step it was last sent parameters for */
     /* A trainer on the daemon's host: its shared segments (common/shm.h), while shm_on. */
-    uint64_t shm_token; /* what its Welcome offered; 0: nothing offered */
+    uint64_t shm_token;    /* what its Welcome offered; 0: nothing offered */
+    uint64_t attach_token; /* the model on shard servers: what its Attach to them carries */
+    /* Its reports of steps after its group's current one, which came before the other members'
+     * reports of the current step (they travel on other connections than the gradients). */
+    omv_step_report_t early[4];
+    uint32_t n_early;
     int shm_on;
     int shm_conn; /* the connection it got them on: it closes when the worker's process goes */
     float *shm_params, *shm_grads;
@@ -89,6 +94,11 @@ int omv_members_from_finished_job(const omv_members_t *self, const omv_peer_t *p
  * is taken. */
 member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, const omv_hello_t *h,
                                int idle, int *ret_rejoin);
+
+/* A shard server's record of the coordinator's trainer id (told by the coordinator): alive,
+ * with no peer until the worker attaches. Returns NULL when id is out of range. */
+member_t *omv_members_adopt(omv_members_t *self, uint32_t id, const char *host, const char *key,
+                            uint64_t attach_token);
 
 /* Unmaps a member's shared segments and closes their connection. Whoever calls it makes sure
  * that no shard has a command in flight that points into them (omv_shardset_sync). */

@@ -9,6 +9,7 @@
 #include "allow.h"
 #include "cert.h"
 #include "log.h"
+#include "part.h"
 #include "util.h"
 
 /* Messages handled per drain before the loop looks at its other sockets. */
@@ -23,9 +24,12 @@ static void send_to(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *ms
         omv_log_debug("cannot send %s: %s", omv_msg_name(msg->type), omv_strerror(r));
 }
 
+/* Whether trainers may join the current job (one whose model goes to shard servers waits for
+ * them first). */
 static int job_open(const omv_daemon_t *d)
 {
-    return d->run && !OMV_JOB_OVER(d->run->state) && d->run->state != JOB_FINISHING;
+    return d->run && !OMV_JOB_OVER(d->run->state) && d->run->state != JOB_FINISHING &&
+           !omv_run_wants_servers(d->run);
 }
 
 /* With CURVE, the key the peer connected with must still be in the allow-list folder, and allow
@@ -36,7 +40,10 @@ static int key_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *
         return 1;
     unsigned roles = 0;
     int r = omv_allow_find(d->allow_dir, peer->key, &roles);
-    unsigned want = h->role == OMV_ROLE_EVALUATOR ? OMV_CERT_EVALUATOR : OMV_CERT_TRAINER;
+    unsigned want = h->role == OMV_ROLE_EVALUATOR ? OMV_CERT_EVALUATOR
+                    : h->role == OMV_ROLE_SHARD   ? OMV_CERT_SHARD
+                                                  : OMV_CERT_TRAINER;
+    static const char *const role_names[] = {"trainer", "evaluator", "shard"};
     if (r == 1 && (roles & want))
         return 1;
     char why[OMV_WIRE_REASON_MAX];
@@ -44,7 +51,7 @@ static int key_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *
         snprintf(why, sizeof(why),
                  "key %.8s... may not take the role %s (its certificate in %s "
                  "lists roles = \"%s%s%s\")",
-                 peer->key, h->role == OMV_ROLE_EVALUATOR ? "evaluator" : "trainer", d->allow_dir,
+                 peer->key, role_names[h->role], d->allow_dir,
                  (roles & OMV_CERT_TRAINER) ? "trainer" : "",
                  roles == (OMV_CERT_TRAINER | OMV_CERT_EVALUATOR) ? "," : "",
                  (roles & OMV_CERT_EVALUATOR) ? "evaluator" : "");
@@ -69,7 +76,8 @@ static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t
     }
     if (!key_fits(d, peer, h, who))
         return 0;
-    if (!job_open(d) && d->cfg.once) {
+    int over = d->run == NULL || OMV_JOB_OVER(d->run->state) || d->run->state == JOB_FINISHING;
+    if (over && d->cfg.once) {
         /* Nothing to do for it: tell it so rather than leave it waiting. */
         omv_msg_t s = {.type = OMV_MSG_STOP};
         snprintf(s.u.stop.reason, sizeof(s.u.stop.reason), "job '%s' is %s",
@@ -86,10 +94,56 @@ static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t
     return 1;
 }
 
+/* A shard server registers: it gets an id, and the job that waits for servers takes it. */
+static void on_server_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h,
+                            const char *who)
+{
+    if (h->endpoint[0] == '\0') {
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_MALFORMED, who,
+                         "a shard server's hello must name the endpoint its workers use");
+        return;
+    }
+    omv_server_t *s = omv_servers_register(&d->servers, peer, h);
+    if (s == NULL) {
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_FULL, who,
+                         "no shard server record is free (or one at this endpoint holds a job)");
+        return;
+    }
+    omv_msg_t w = {.type = OMV_MSG_WELCOME};
+    w.u.welcome.protocol_version = OMV_PROTOCOL_VERSION;
+    w.u.welcome.worker_id = omv_servers_id(&d->servers, s);
+    w.u.welcome.idle = 1;
+    send_to(d, peer, &w);
+    omv_log_info("shard server %u (%s) registered: workers reach it at %s", w.u.welcome.worker_id,
+                 who, s->endpoint);
+    if (d->run && omv_run_wants_servers(d->run) && omv_run_add_server(d->run, s)) {
+        /* The job has its servers: the trainers that waited register again, into it. */
+        char why[OMV_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why), "job '%s' has its shard servers: register again",
+                 d->run->job.name);
+        omv_members_stop_all(d->members, d->router, MEMBER_IDLE, MEMBER_DONE, why, 1);
+    }
+}
+
 static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h)
 {
     char who[128];
     snprintf(who, sizeof(who), "\"%s\" pid %u", h->hostname, h->pid);
+    if (d->shard_role) {
+        char why[OMV_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why),
+                 "this is a shard server: register with the coordinator at %s, which names us",
+                 d->cfg.coordinator);
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_ROLE, who, why);
+        return;
+    }
+    if (h->role == OMV_ROLE_SHARD) {
+        if (h->protocol_version == OMV_PROTOCOL_VERSION && key_fits(d, peer, h, who))
+            on_server_hello(d, peer, h, who);
+        else if (h->protocol_version != OMV_PROTOCOL_VERSION)
+            hello_fits(d, peer, h, who); /* refused, with the reason */
+        return;
+    }
     if (!hello_fits(d, peer, h, who))
         return;
     /* A long-running daemon without a job keeps it until a job comes (Stop with reconnect). */
@@ -112,7 +166,8 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         return;
     }
     omv_run_join(d->run, m, rejoin, who, &w.u.welcome);
-    omv_local_offer(&d->local, m, &w.u.welcome);
+    if (w.u.welcome.n_servers == 0) /* the servers hold the model: nothing to share here */
+        omv_local_offer(&d->local, m, &w.u.welcome);
     send_to(d, peer, &w);
     omv_run_joined(d->run);
 }
@@ -144,6 +199,12 @@ static int64_t message_worker(const omv_msg_t *msg)
         return msg->u.eval_result.worker_id;
     case OMV_MSG_LEAVE:
         return msg->u.leave.worker_id;
+    case OMV_MSG_ATTACH:
+        return msg->u.attach.worker_id;
+    case OMV_MSG_REPORT:
+        return msg->u.report.worker_id;
+    case OMV_MSG_SERVER:
+        return msg->u.server.server_id;
     default:
         return -1;
     }
@@ -172,9 +233,42 @@ static member_t *sender(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t
     return m;
 }
 
+/* A shard server's heartbeat or answer. Returns 1 when msg came from one (handled). */
+static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg, uint32_t id)
+{
+    if (d->shard_role || (msg->type != OMV_MSG_HEARTBEAT && msg->type != OMV_MSG_SERVER))
+        return 0;
+    omv_server_t *s = omv_servers_find(&d->servers, peer, id);
+    if (s == NULL)
+        return 0;
+    s->last_seen_ms = omv_time_ms();
+    if (msg->type == OMV_MSG_HEARTBEAT) {
+        send_to(d, peer, msg);
+    } else if (msg->u.server.op == OMV_SERVER_GATHERED && d->run) {
+        size_t bytes;
+        const void *payload = omv_router_payload(d->router, &bytes);
+        omv_run_gathered(d->run, s, &msg->u.server, payload, bytes);
+    }
+    return 1;
+}
+
 static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg)
 {
     int64_t id = message_worker(msg);
+    if (id >= 0 && from_server(d, peer, msg, (uint32_t)id))
+        return;
+    if (d->shard_role && msg->type == OMV_MSG_ATTACH) {
+        omv_part_attach(d, peer, &msg->u.attach);
+        return;
+    }
+    if (msg->type == OMV_MSG_SERVER || msg->type == OMV_MSG_ATTACH ||
+        (d->shard_role && (msg->type == OMV_MSG_REPORT || msg->type == OMV_MSG_EVAL_RESULT))) {
+        char why[OMV_WIRE_REASON_MAX];
+        snprintf(why, sizeof(why), "%s is not for this %s", omv_msg_name(msg->type),
+                 d->shard_role ? "shard server" : "daemon (from this peer)");
+        omv_refusals_add(&d->refusals, peer, OMV_REFUSE_MALFORMED, "a peer", why);
+        return;
+    }
     if (id < 0) {
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "a worker may not send %s", omv_msg_name(msg->type));
@@ -201,6 +295,8 @@ static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         omv_run_pull(d->run, m, &msg->u.pull);
     } else if (msg->type == OMV_MSG_PUSH) {
         omv_run_push(d->run, m, &msg->u.push);
+    } else if (msg->type == OMV_MSG_REPORT) {
+        omv_run_report(d->run, m, &msg->u.report);
     } else {
         omv_run_eval_result(d->run, m, &msg->u.eval_result);
     }
@@ -245,9 +341,29 @@ static int stalled(const omv_run_t *r, const member_t *m, int64_t now, double *r
     return *ret_s > r->job.progress_timeout_s;
 }
 
+/* A shard server silent this long is gone. */
+#define SERVER_TIMEOUT_MS 10000
+
+static void expire_servers(omv_daemon_t *d, int64_t now)
+{
+    for (uint32_t i = 0; i < d->servers.n; i++) {
+        omv_server_t *s = &d->servers.rec[i];
+        if (!s->alive || now - s->last_seen_ms <= SERVER_TIMEOUT_MS)
+            continue;
+        omv_log_warn("shard server %u (%s) silent for %.1f s: declared gone", i + 1, s->endpoint,
+                     (double)(now - s->last_seen_ms) / 1000.0);
+        s->alive = 0;
+        d->servers.lost_total++;
+        if (d->run)
+            omv_run_server_lost(d->run, s);
+        s->run_id = 0;
+    }
+}
+
 void omv_messages_expire(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
+    expire_servers(d, now);
     int64_t timeout = d->run ? omv_run_worker_timeout_ms(d->run) : IDLE_TIMEOUT_MS;
     int job_on = d->run && !OMV_JOB_OVER(d->run->state);
     for (uint32_t i = 0; i < d->members->n; i++) {

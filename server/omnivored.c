@@ -45,6 +45,9 @@ static void usage(FILE *out)
             "                         workers to exit when it ends (omnivorectl run uses it)\n"
             "  -d, --state-dir DIR    state folder (checkpoints under DIR/checkpoints/JOB)\n"
             "      --curve yes|no|auto  CURVE on the worker endpoint ([security] curve)\n"
+            "      --role shard       hold shards of the coordinator's jobs ([daemon] role)\n"
+            "      --coordinator EP   role shard: the coordinator's worker endpoint\n"
+            "      --advertise EP     role shard: the endpoint its workers are told\n"
             "  -w, --workers N        override the job's [cluster] workers\n"
             "      --set S.K=V        override any job key, e.g. --set train.learning_rate=0.05\n"
             "  -l, --log-level LEVEL  error, warn, info or debug\n"
@@ -73,6 +76,9 @@ static const struct option opts[] = {
     {"state-dir", required_argument, NULL, 'd'},
     {"once", no_argument, NULL, 'O'},
     {"curve", required_argument, NULL, 'C'},
+    {"role", required_argument, NULL, 'R'},
+    {"coordinator", required_argument, NULL, 'K'},
+    {"advertise", required_argument, NULL, 'A'},
     {NULL, 0, NULL, 0},
 };
 #define SHORT_OPTS "c:e:s:j:w:l:d:hVO"
@@ -123,6 +129,12 @@ static int read_flags(int argc, char **argv, omv_daemon_config_t *cfg, cli_t *cl
                                      : NULL;
         if (c == 'C')
             key = "curve";
+        else if (c == 'R')
+            key = "role";
+        else if (c == 'K')
+            key = "coordinator";
+        else if (c == 'A')
+            key = "advertise";
         if (key && omv_config_set(omv_daemon_table, omv_daemon_table_len, cfg,
                                   c == 'C' ? "security" : "daemon", key, optarg, err) < 0) {
             omv_log_fatal("%s", err);

@@ -33,6 +33,10 @@ struct omv_router {
     omv_pipe_t *pipes[OMV_PIPE_MAX]; /* loop ends, polled with the router */
     int n_pipes, pipes_made;
     int64_t max_message_bytes;
+    void *up; /* DEALER to the coordinator (a shard server's), or NULL */
+    zmq_msg_t up_payload;
+    int up_has_payload;
+    uint8_t up_buf[OMV_WIRE_MAX_ENVELOPE];
 };
 
 int omv_router_keypair(char *ret_public, char *ret_secret)
@@ -153,6 +157,7 @@ omv_router_t *omv_router_new(const char *endpoint, int64_t max_message_bytes,
     if (zmq_bind(self->sock, endpoint) != 0)
         goto fail;
     zmq_msg_init(&self->payload);
+    zmq_msg_init(&self->up_payload);
     return self;
 fail : {
     int e = errno;
@@ -185,6 +190,9 @@ void omv_router_destroy(omv_router_t **self_p)
     for (int i = 0; i < self->n_pipes; i++)
         omv_pipe_destroy(&self->pipes[i]);
     zmq_msg_close(&self->payload);
+    zmq_msg_close(&self->up_payload);
+    if (self->up)
+        zmq_close(self->up);
     if (self->monitor)
         zmq_close(self->monitor);
     if (self->zap)
@@ -214,15 +222,20 @@ int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_r
         items[n_items++] = (zmq_pollitem_t){self->zap, 0, ZMQ_POLLIN, 0};
     if (self->monitor)
         items[n_items++] = (zmq_pollitem_t){self->monitor, 0, ZMQ_POLLIN, 0};
+    int up_at = n_items;
+    if (self->up)
+        items[n_items++] = (zmq_pollitem_t){self->up, 0, ZMQ_POLLIN, 0};
     int n = zmq_poll(items, n_items, timeout_ms);
     if (n < 0)
         return -errno;
     /* Handshakes wait on the answer: given at once, before anything else. */
-    if (self->monitor && (items[n_items - 1].revents & ZMQ_POLLIN))
+    if (self->monitor && (items[up_at - 1].revents & ZMQ_POLLIN))
         read_monitor(self);
-    if (self->zap && (items[n_items - 1 - (self->monitor != NULL)].revents & ZMQ_POLLIN))
+    if (self->zap && (items[up_at - 1 - (self->monitor != NULL)].revents & ZMQ_POLLIN))
         serve_zap(self);
-    *ret_router = (items[0].revents & ZMQ_POLLIN) != 0;
+    /* The coordinator's messages are read with the workers'. */
+    *ret_router =
+        (items[0].revents & ZMQ_POLLIN) != 0 || (self->up && (items[up_at].revents & ZMQ_POLLIN));
     for (int i = 0; i < nfds; i++) {
         short re = items[i + 1].revents;
         fds[i].revents =
@@ -354,6 +367,86 @@ int omv_router_send(omv_router_t *self, const omv_peer_t *peer, const omv_msg_t 
     if (count && zmq_send(self->sock, payload, omv_wire_payload_bytes(msg), ZMQ_DONTWAIT) < 0)
         return -errno;
     return 0;
+}
+
+/* ---- the upstream link ---- */
+
+int omv_router_upstream(omv_router_t *self, const char *endpoint, const omv_upstream_curve_t *curve)
+{
+    if (self->up)
+        return -EALREADY;
+    self->up = zmq_socket(self->ctx, ZMQ_DEALER);
+    if (self->up == NULL)
+        return -errno;
+    int linger = 1000, hwm = OMV_ROUTER_HWM;
+    zmq_setsockopt(self->up, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_setsockopt(self->up, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+    zmq_setsockopt(self->up, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    if (curve && (!zmq_has("curve") ||
+                  zmq_setsockopt(self->up, ZMQ_CURVE_SERVERKEY, curve->server_key, 41) != 0 ||
+                  zmq_setsockopt(self->up, ZMQ_CURVE_PUBLICKEY, curve->public_key, 41) != 0 ||
+                  zmq_setsockopt(self->up, ZMQ_CURVE_SECRETKEY, curve->secret_key, 41) != 0)) {
+        int e = zmq_has("curve") ? -errno : -ENOTSUP;
+        zmq_close(self->up);
+        self->up = NULL;
+        return e;
+    }
+    if (zmq_connect(self->up, endpoint) != 0) {
+        int e = -errno;
+        zmq_close(self->up);
+        self->up = NULL;
+        return e;
+    }
+    return 0;
+}
+
+int omv_router_up_send(omv_router_t *self, const omv_msg_t *msg, const void *payload)
+{
+    size_t len;
+    int r = omv_wire_encode(msg, self->up_buf, sizeof(self->up_buf), &len);
+    if (r < 0)
+        return r;
+    size_t bytes = omv_wire_payload_bytes(msg);
+    if (zmq_send(self->up, self->up_buf, len, (bytes ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+        return -errno;
+    if (bytes && zmq_send(self->up, payload, bytes, ZMQ_DONTWAIT) < 0)
+        return -errno;
+    return 0;
+}
+
+int omv_router_up_recv(omv_router_t *self, omv_msg_t *ret, char *why)
+{
+    self->up_has_payload = 0;
+    if (self->up == NULL)
+        return -EAGAIN;
+    int len = zmq_recv(self->up, self->up_buf, sizeof(self->up_buf), ZMQ_DONTWAIT);
+    if (len < 0)
+        return -errno;
+    int r =
+        (size_t)len > sizeof(self->up_buf)
+            ? (snprintf(why, OMV_WIRE_REASON_MAX, "envelope of %d bytes is too long", len), -EPROTO)
+            : omv_wire_decode(self->up_buf, (size_t)len, ret, why);
+    if (r == 0 && more(self->up)) {
+        zmq_msg_close(&self->up_payload);
+        zmq_msg_init(&self->up_payload);
+        if (zmq_msg_recv(&self->up_payload, self->up, 0) < 0)
+            return -errno;
+        self->up_has_payload = 1;
+    }
+    size_t have = self->up_has_payload ? zmq_msg_size(&self->up_payload) : 0;
+    if (r == 0 && have != omv_wire_payload_bytes(ret)) {
+        snprintf(why, OMV_WIRE_REASON_MAX, "%s announces %zu bytes but carries %zu",
+                 omv_msg_name(ret->type), omv_wire_payload_bytes(ret), have);
+        r = -EPROTO;
+    }
+    drain(self->up);
+    return r;
+}
+
+const void *omv_router_up_payload(const omv_router_t *self, size_t *ret_len)
+{
+    *ret_len = self->up_has_payload ? zmq_msg_size((zmq_msg_t *)&self->up_payload) : 0;
+    return self->up_has_payload ? zmq_msg_data((zmq_msg_t *)&self->up_payload) : NULL;
 }
 
 /* ---- payloads ---- */

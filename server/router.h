@@ -91,6 +91,25 @@ int omv_router_send_raw(omv_router_t *self, const omv_peer_t *peer, const void *
 
 /* ---- pipes between the event loop and its threads (ZeroMQ inproc PAIRs) ---- */
 
+/* ---- the upstream link: a shard server's DEALER to its coordinator, polled with the router
+ * (omv_router_poll's ret_router says either is readable) ---- */
+
+/* CURVE keys (Z85) for the upstream link: the coordinator's public key, and our key pair. */
+typedef struct {
+    const char *server_key, *public_key, *secret_key;
+} omv_upstream_curve_t;
+
+/* Connects the upstream link (once), with CURVE when curve is not NULL. Returns 0 or a negative
+ * errno. */
+int omv_router_upstream(omv_router_t *self, const char *endpoint,
+                        const omv_upstream_curve_t *curve);
+/* Sends msg (and its payload) to the coordinator. Returns 0 or a negative errno. */
+int omv_router_up_send(omv_router_t *self, const omv_msg_t *msg, const void *payload);
+/* Receives one message from the coordinator without waiting: 0, -EAGAIN (none), -EPROTO (why).
+ * Its payload stays readable through omv_router_up_payload until the next receive. */
+int omv_router_up_recv(omv_router_t *self, omv_msg_t *ret, char *why);
+const void *omv_router_up_payload(const omv_router_t *self, size_t *ret_len);
+
 typedef struct omv_pipe omv_pipe_t;
 
 #define OMV_PIPE_MAX 256

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/random.h>
+
 #include "dataset.h"
 #include "log.h"
 #include "safetensors.h"
@@ -18,6 +20,25 @@ const char *const omv_run_state_names[] = {"waiting", "running", "finishing", "d
                                            "failed",  "stopped", "idle"};
 
 static void finish_stop(omv_run_t *r);
+static void request_eval(omv_run_t *r);
+static void record_early(omv_run_t *r);
+
+/* A coordinator whose job's model is on shard servers. */
+static int remote(const omv_run_t *r)
+{
+    return r->job.servers > 0 && !r->is_part;
+}
+
+/* The shards this run holds: all of them, or a shard server's part. */
+static uint32_t shard_lo(const omv_run_t *r)
+{
+    return r->is_part ? r->part.first : 0;
+}
+
+static uint32_t shard_hi(const omv_run_t *r)
+{
+    return r->is_part ? r->part.last : r->shards->n_shards;
+}
 
 /* ---- reading ---- */
 
@@ -106,12 +127,15 @@ static void tuner_membership(omv_run_t *r)
 
 static void serve_early(omv_run_t *r, uint32_t group, uint32_t s);
 
+/* shard counts from the run's first (the groups know only the shards the run holds). */
 static void on_apply(void *ctx, uint32_t group, uint32_t shard)
 {
     omv_run_t *r = ctx;
+    if (remote(r))
+        return; /* its groups count reports: the servers apply */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_APPLY, .group = group, .sgd = current_rule(r)};
-    omv_shardset_send(r->shards, shard, &cmd, NULL, NULL);
-    serve_early(r, group, shard);
+    omv_shardset_send(r->shards, shard_lo(r) + shard, &cmd, NULL, NULL);
+    serve_early(r, group, shard_lo(r) + shard);
 }
 
 static void on_advance(void *ctx, uint32_t group, uint64_t clock)
@@ -177,6 +201,31 @@ static int free_slot(const omv_run_t *r)
     return -1;
 }
 
+/* Tells the job's shard servers that trainer m joined (state OMV_SERVER_MEMBER_ALIVE, with
+ * its slot and group), left or died. */
+static void tell_member(omv_run_t *r, const member_t *m, uint32_t state)
+{
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = OMV_SERVER_MEMBER;
+    u->worker_id = omv_members_id(r->env.members, m);
+    u->slot = m->slot;
+    u->group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    u->state = state;
+    u->token = m->attach_token;
+    omv_strlcpy(u->host, m->host, sizeof(u->host));
+    omv_strlcpy(u->key, m->key, sizeof(u->key));
+    omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
+}
+
+/* Sends op (START, END) to the job's shard servers. */
+static void tell_servers(omv_run_t *r, omv_server_op_t op)
+{
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    msg.u.server.op = op;
+    omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
+}
+
 void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
 {
     member_state_t was = m->state;
@@ -190,12 +239,42 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
         omv_groups_leave(r->groups, m->slot);
         assign_slices(r);
         tuner_membership(r);
+        if (remote(r)) {
+            m->n_early = 0;
+            tell_member(r, m, why == MEMBER_LEFT ? OMV_SERVER_MEMBER_LEFT : OMV_SERVER_MEMBER_DEAD);
+            record_early(r); /* its group may have moved on without it */
+        }
     } else if (r->eval.evaluator == omv_members_id(r->env.members, m)) {
         omv_eval_lost(&r->eval);
     }
 }
 
 /* ---- evaluation ---- */
+
+/* Asks the job's shard servers for their ranges (final: once the job's last step is in);
+ * omv_run_gathered puts them in the shards and goes on with the evaluation. */
+static void fetch_model(omv_run_t *r, int final)
+{
+    if (r->fetch_left > 0 && (r->fetch_final || !final))
+        return; /* one is under way already */
+    size_t n = r->layout.param_count ? r->layout.param_count : 1;
+    if (r->fetch_params == NULL) {
+        r->fetch_params = malloc(n * sizeof(float));
+        r->fetch_velocity = malloc(n * sizeof(float));
+        if (r->fetch_params == NULL || r->fetch_velocity == NULL) {
+            omv_log_error("no memory to gather the model from the shard servers");
+            return;
+        }
+    }
+    r->fetch_id++;
+    r->fetch_left = r->n_servers;
+    r->fetch_final = final;
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    msg.u.server.op = OMV_SERVER_GATHER;
+    msg.u.server.gather_id = r->fetch_id;
+    msg.u.server.final = final;
+    omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
+}
 
 static void request_eval(omv_run_t *r)
 {
@@ -206,6 +285,12 @@ static void request_eval(omv_run_t *r)
         ev->wanted = 1;
         return;
     }
+    if (remote(r) && !r->fetched_final && !r->fetch_fresh) {
+        ev->wanted = 1; /* once the servers' ranges are in */
+        fetch_model(r, r->state == JOB_FINISHING);
+        return;
+    }
+    r->fetch_fresh = 0;
     if (omv_shardset_gather(r->shards, 0) < 0)
         return;
     member_t *m = omv_members_get(r->env.members, ev->evaluator);
@@ -264,6 +349,13 @@ static int write_checkpoint(omv_run_t *r)
         .tuner = r->tuner,
     };
     r->ckpt_forced = 0;
+    if (remote(r) && !r->fetched_final) {
+        r->ckpt.due = 0;
+        r->ckpt.failed_total++;
+        omv_log_warn("no checkpoint: the model is on shard servers and only the final one is "
+                     "written so far");
+        return -ENOTSUP;
+    }
     if ((omv_tuner_probing(r->tuner) || (r->reconfig.pending && r->reconfig.restore)) &&
         omv_shardset_has_probe_base(r->shards)) {
         /* The shards hold a probe's model, which is thrown away (or one the optimizer is about
@@ -528,7 +620,7 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
 {
     uint64_t bit = 1ull << (s % 64);
     if (m->sent[s / 64] & bit)
-        return m->sent_n == r->shards->n_shards;
+        return m->sent_n == shard_hi(r) - shard_lo(r);
     if (m->sent_n == 0)
         begin_serve(r, m, group, m->parked_step);
     /* A worker on this host with its segments gets the values written into them. */
@@ -544,14 +636,14 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
     omv_shardset_send(r->shards, s, &cmd, &m->peer, NULL);
     m->sent[s / 64] |= bit;
     m->sent_n++;
-    return m->sent_n == r->shards->n_shards;
+    return m->sent_n == shard_hi(r) - shard_lo(r);
 }
 
 /* Answers the member's parked pull with every shard not sent yet. */
 static void send_params(omv_run_t *r, member_t *m)
 {
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
-    for (uint32_t s = 0; s < r->shards->n_shards; s++)
+    for (uint32_t s = shard_lo(r); s < shard_hi(r); s++)
         serve_shard(r, m, group, s);
     m->parked = 0;
 }
@@ -597,9 +689,10 @@ static void serve_parked(omv_run_t *r)
 
 void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
 {
-    if (m->role != OMV_ROLE_TRAINER) {
+    if (m->role != OMV_ROLE_TRAINER || remote(r)) {
         omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_ROLE, m->host,
-                         "an evaluator does not pull");
+                         remote(r) ? "the model is on the shard servers: pull from them"
+                                   : "an evaluator does not pull");
         return;
     }
     int g = omv_groups_of(r->groups, m->slot);
@@ -620,8 +713,8 @@ void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
     /* Asked for the next step while the current one is applied: what is applied already goes
      * out now, the rest as it is applied. */
     if (g >= 0 && p->step == clock + 1)
-        for (uint32_t s = 0; s < r->shards->n_shards && m->parked; s++)
-            if (omv_groups_shard_applied(r->groups, (uint32_t)g, s))
+        for (uint32_t s = shard_lo(r); s < shard_hi(r) && m->parked; s++)
+            if (omv_groups_shard_applied(r->groups, (uint32_t)g, s - shard_lo(r)))
                 serve_early(r, (uint32_t)g, s);
 }
 
@@ -647,7 +740,15 @@ static int push_fits(omv_run_t *r, member_t *m, const omv_push_t *p, const char 
         omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_STEP, who, why);
         return 0;
     }
-    omv_refuse_t code = omv_groups_check_push(r->groups, m->slot, p->step, p->shard, why);
+    if (remote(r) || p->shard < shard_lo(r) || p->shard >= shard_hi(r)) {
+        snprintf(why, sizeof(why), "shard %u is not on this %s (it holds shards [%u, %u))",
+                 p->shard, r->is_part ? "shard server" : "daemon", shard_lo(r),
+                 remote(r) ? 0 : shard_hi(r));
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_SHAPE, who, why);
+        return 0;
+    }
+    omv_refuse_t code =
+        omv_groups_check_push(r->groups, m->slot, p->step, p->shard - shard_lo(r), why);
     if (code != OMV_REFUSE_NONE) {
         omv_refusals_add(r->env.refusals, &m->peer, code, who, why);
         return 0;
@@ -721,10 +822,11 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
                            .norm_bound = (float)r->job.gradient_norm_bound,
                            .norm_warmup = (uint32_t)r->job.gradient_norm_warmup};
     omv_shardset_send(r->shards, p->shard, &cmd, &m->peer, pl);
-    if (p->shard == 0)
+    /* A shard server counts the step with its first shard (the worker sends it last to it). */
+    if (p->shard == shard_lo(r))
         count_step(r, m, group, p);
     r->pushes_recorded_total++;
-    omv_groups_record_push(r->groups, m->slot, p->shard);
+    omv_groups_record_push(r->groups, m->slot, p->shard - shard_lo(r));
 }
 
 /* ---- the job's lifecycle ---- */
@@ -743,6 +845,8 @@ static void start(omv_run_t *r, const char *why)
         return;
     }
     tuner_poll(r);
+    if (remote(r))
+        tell_servers(r, OMV_SERVER_START);
     omv_log_info("job '%s' running%s: %d workers in %lld groups, staleness %s, until %llu "
                  "images (%.2f epochs) are done",
                  r->job.name, why, omv_run_live_trainers(r), (long long)r->job.groups,
@@ -775,6 +879,14 @@ void omv_run_finish(omv_run_t *r, job_state_t state, const char *why)
         r->train_end_s = r->end_s;
     omv_timeline_now_t now = timeline_now(r);
     omv_timeline_end(&r->timeline, &now);
+    if (r->is_part) {
+        log_end(r, state, why);
+        return; /* the coordinator tells the workers */
+    }
+    if (remote(r)) {
+        tell_servers(r, OMV_SERVER_END);
+        omv_servers_release(r->env.servers, r->id);
+    }
     /* The workers exit (--once), or stay and register again for whatever comes next. */
     if (r->env.once) {
         omv_members_stop_all(r->env.members, r->env.router, MEMBER_ALIVE, MEMBER_ALIVE, why, 0);
@@ -802,6 +914,14 @@ static void finishing(omv_run_t *r)
 {
     r->state = JOB_FINISHING;
     r->train_end_s = omv_time_s();
+    if (r->is_part) {
+        omv_log_info("training finished after %.1f s: %llu steps, %llu images in this part",
+                     omv_run_train_seconds(r), (unsigned long long)r->steps_total,
+                     (unsigned long long)r->images_total);
+        if (r->part_gather_wanted)
+            omv_run_part_gather(r, r->part_gather_id, 1);
+        return;
+    }
     omv_log_info("training finished after %.1f s; final evaluation", omv_run_train_seconds(r));
     request_eval(r);
 }
@@ -834,7 +954,11 @@ void omv_run_progress(omv_run_t *r)
 {
     if (r->state == JOB_RUNNING)
         progress_running(r);
-    if (r->state == JOB_FINISHING && r->eval.evaluator == 0) {
+    if (r->state == JOB_FINISHING && remote(r) && !r->fetched_final) {
+        fetch_model(r, 1); /* the final model, for its checkpoint */
+        return;
+    }
+    if (r->state == JOB_FINISHING && r->eval.evaluator == 0 && !r->is_part) {
         omv_log_warn("no evaluator is connected: the job ends without a final test accuracy");
         omv_run_finish(r, JOB_DONE, "job done");
         return;
@@ -889,6 +1013,14 @@ static void finish_stop(omv_run_t *r)
 int omv_run_may_join(const omv_run_t *r, omv_role_t role, char *why, size_t cap,
                      omv_refuse_t *ret_code)
 {
+    if (role == OMV_ROLE_TRAINER && remote(r) && r->state != JOB_WAITING) {
+        snprintf(why, cap,
+                 "job '%s' runs on shard servers, which cannot take a trainer once it started "
+                 "(not built yet)",
+                 r->job.name);
+        *ret_code = OMV_REFUSE_FULL;
+        return 0;
+    }
     if (role == OMV_ROLE_TRAINER && free_slot(r) < 0) {
         snprintf(why, cap, "job '%s' has no room for another worker (%u slots)", r->job.name,
                  r->n_slots);
@@ -930,6 +1062,27 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
     j->wire = (uint32_t)job->wire;
 }
 
+/* The model is on shard servers: the Welcome names them, and they learn of the newcomer. */
+static void offer_servers(omv_run_t *r, member_t *m, omv_welcome_t *w)
+{
+    uint64_t token = 0;
+    while (token == 0)
+        if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token))
+            token = ((uint64_t)omv_time_ms() << 20) ^ (uint64_t)(uintptr_t)m;
+    m->attach_token = token;
+    w->attach_token = token;
+    w->n_servers = r->n_servers;
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        const omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
+        omv_server_info_t *o = &w->servers[i];
+        omv_strlcpy(o->endpoint, s->endpoint, sizeof(o->endpoint));
+        omv_strlcpy(o->public_key, s->public_key, sizeof(o->public_key));
+        o->first_shard = s->first;
+        o->last_shard = s->last;
+    }
+    tell_member(r, m, OMV_SERVER_MEMBER_ALIVE);
+}
+
 static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
 {
     uint32_t group = pick_group(r);
@@ -942,6 +1095,8 @@ static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who,
     w->job.slice_begin = m->slice_begin;
     w->job.slice_count = m->slice_count;
     w->job.steps_per_epoch = r->worker_batch ? m->slice_count / r->worker_batch : 0;
+    if (remote(r))
+        offer_servers(r, m, w);
     r->env.members->joins_total++;
     if (rejoin)
         r->env.members->rejoins_total++;
@@ -1044,6 +1199,13 @@ static int check_init(const omv_job_t *j, const omv_model_layout_t *layout, char
     return r;
 }
 
+/* The most a member is given: a group's batch splits as evenly as it goes. */
+static uint32_t worker_batch_of(const omv_job_t *j)
+{
+    uint32_t per_group = (uint32_t)(j->workers / j->groups);
+    return (uint32_t)((j->batch_size + per_group - 1) / per_group);
+}
+
 int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *ret_worker_batch,
                       char *err)
 {
@@ -1059,9 +1221,7 @@ int omv_run_check_job(const omv_job_t *j, uint32_t *ret_train_count, uint32_t *r
     }
     if (j->train_limit > 0 && (uint64_t)j->train_limit < count)
         count = (uint32_t)j->train_limit;
-    /* The most a member is given: a group's batch splits as evenly as it goes. */
-    uint32_t per_group = (uint32_t)(j->workers / j->groups);
-    uint32_t worker_batch = (uint32_t)((j->batch_size + per_group - 1) / per_group);
+    uint32_t worker_batch = worker_batch_of(j);
     if (count / (uint32_t)j->workers < worker_batch) {
         snprintf(err, OMV_CONFIG_ERR_MAX,
                  "%s: %u images split over %lld workers leave fewer than a batch of %u per "
@@ -1200,7 +1360,12 @@ static int setup_model(omv_run_t *r)
 {
     char err[OMV_CONFIG_ERR_MAX];
     const omv_job_t *j = &r->job;
-    int e = omv_run_check_job(j, &r->train_count, &r->worker_batch, err);
+    /* A shard server reads no data: the coordinator checked it. */
+    int e = r->is_part ? 0 : omv_run_check_job(j, &r->train_count, &r->worker_batch, err);
+    if (r->is_part) {
+        r->train_count = r->part.train_count;
+        r->worker_batch = worker_batch_of(j);
+    }
     if (e == 0)
         e = omv_model_parse(&r->layout, j->model_text, j->model_name, err);
     if (e < 0) {
@@ -1228,9 +1393,16 @@ static int setup_model(omv_run_t *r)
         return -errno;
     if (j->init[0] && load_init(r) < 0)
         return -EINVAL;
+    if (r->is_part && (r->part.first >= r->part.last || r->part.last > r->shards->n_shards)) {
+        omv_log_error("the coordinator assigns shards [%u, %u) of %u", r->part.first, r->part.last,
+                      r->shards->n_shards);
+        return -EINVAL;
+    }
     omv_groups_events_t ev = {on_apply, on_advance, on_retire, r};
-    r->groups =
-        omv_groups_new(r->n_slots, (uint32_t)j->groups, r->shards->n_shards, j->staleness, &ev);
+    /* A coordinator with shard servers counts one report per member and step; a shard server
+     * the shards it holds. */
+    uint32_t counted = remote(r) ? 1 : shard_hi(r) - shard_lo(r);
+    r->groups = omv_groups_new(r->n_slots, (uint32_t)j->groups, counted, j->staleness, &ev);
     if (r->groups == NULL)
         return -ENOMEM;
     r->sgd = (omv_sgd_t){
@@ -1266,6 +1438,18 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
     r->env = *env;
     r->id = id;
     r->job = *job;
+    if (env->part) {
+        r->is_part = 1;
+        r->part = *env->part;
+        r->env.part = NULL;
+    }
+    if (remote(r) && (r->job.checkpoint_every_s > 0 || r->job.checkpoint_every_steps > 0)) {
+        omv_log_warn("job '%s': [cluster] servers = %lld: checkpoints while training are not "
+                     "built yet for a model on shard servers; only the final one is written",
+                     job->name, (long long)job->servers);
+        r->job.checkpoint_every_s = 0;
+        r->job.checkpoint_every_steps = 0;
+    }
     r->state = JOB_WAITING;
     r->load_s = omv_time_s();
     omv_strlcpy(r->path, path, sizeof(r->path));
@@ -1278,6 +1462,12 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
     e = setup_model(r);
     if (e < 0)
         goto fail;
+    if (r->is_part) {
+        omv_log_info("job %llu '%s' from the coordinator: shards [%u, %u) of %u on this server",
+                     (unsigned long long)id, r->job.name, r->part.first, r->part.last,
+                     r->shards->n_shards);
+        return r; /* the coordinator checkpoints, evaluates and tunes */
+    }
     e = omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir, r->env.checkpoint_root);
     if (e < 0)
         goto fail;
@@ -1309,6 +1499,13 @@ void omv_run_destroy(omv_run_t **self_p)
     for (uint32_t i = 0; i < r->env.members->n; i++)
         if (r->env.members->records[i].state == MEMBER_ALIVE)
             r->env.members->records[i].state = MEMBER_DONE;
+    if (remote(r) && r->env.servers) {
+        if (!OMV_JOB_OVER(r->state))
+            tell_servers(r, OMV_SERVER_END);
+        omv_servers_release(r->env.servers, r->id);
+    }
+    free(r->fetch_params);
+    free(r->fetch_velocity);
     omv_shardset_destroy(&r->shards);
     /* Segments are the size of this job's model: the next job's workers get their own. */
     for (uint32_t i = 0; i < r->env.members->n; i++)
@@ -1329,4 +1526,285 @@ void omv_run_destroy(omv_run_t **self_p)
 void omv_run_drain_shards(omv_run_t *r)
 {
     omv_shardset_drain(r->shards);
+}
+
+/* ---- the model on shard servers: the coordinator ---- */
+
+int omv_run_wants_servers(const omv_run_t *r)
+{
+    return remote(r) && r->n_servers < (uint32_t)r->job.servers;
+}
+
+/* Spreads the shards over the servers in order, each about the same bytes (at least a shard
+ * each): server i ends where the model's first (i + 1) / n of the parameters end. */
+static void assign_ranges(omv_run_t *r)
+{
+    uint32_t n = r->n_servers, shards = r->shards->n_shards, at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
+        uint64_t goal = (uint64_t)r->layout.param_count * (i + 1) / n;
+        uint32_t end = at + 1;
+        while (end < shards - (n - 1 - i) && r->shards->offsets[end] < goal &&
+               goal - r->shards->offsets[end] > r->shards->offsets[end + 1] - goal)
+            end++;
+        if (i == n - 1)
+            end = shards;
+        s->first = at;
+        s->last = end;
+        at = end;
+    }
+}
+
+/* Sends server s its part: the job, its range, the clocks and counters, and the range's
+ * parameters and momentum as the coordinator holds them (initialised, resumed or from
+ * [model] init). */
+static int send_assign(omv_run_t *r, omv_server_t *s)
+{
+    uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
+    size_t job_words = (sizeof(omv_job_t) + 3) / 4;
+    float *buf = calloc(job_words + 2 * (size_t)count, sizeof(float));
+    if (buf == NULL)
+        return -ENOMEM;
+    memcpy(buf, &r->job, sizeof(omv_job_t));
+    memcpy(buf + job_words, r->shards->gather_params + off, count * sizeof(float));
+    memcpy(buf + job_words + count, r->shards->gather_velocity + off, count * sizeof(float));
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = OMV_SERVER_ASSIGN;
+    u->server_id = omv_servers_id(r->env.servers, s);
+    u->first_shard = s->first;
+    u->last_shard = s->last;
+    u->train_count = r->train_count;
+    u->n_groups = omv_groups_count(r->groups);
+    for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
+        u->clocks[g] = omv_groups_clock(r->groups, g);
+    u->job_bytes = (uint32_t)sizeof(omv_job_t);
+    u->images = r->images_total;
+    u->steps = r->steps_total;
+    u->gather_id = r->id;
+    u->count = (uint32_t)(job_words + 2 * (size_t)count);
+    int e = omv_servers_send(r->env.servers, r->env.router, s, &msg, buf);
+    free(buf);
+    return e;
+}
+
+int omv_run_add_server(omv_run_t *r, omv_server_t *s)
+{
+    if (!omv_run_wants_servers(r) || s->run_id != 0)
+        return 0;
+    s->run_id = r->id;
+    r->server_ids[r->n_servers++] = omv_servers_id(r->env.servers, s);
+    omv_log_info("job '%s': shard server %u (%s at %s) taken, %u of %lld", r->job.name,
+                 omv_servers_id(r->env.servers, s), s->host, s->endpoint, r->n_servers,
+                 (long long)r->job.servers);
+    if (r->n_servers < (uint32_t)r->job.servers)
+        return 0;
+    assign_ranges(r);
+    if (omv_shardset_gather(r->shards, 1) < 0) {
+        omv_run_finish(r, JOB_FAILED, "cannot gather the model to send it to the shard servers");
+        return 0;
+    }
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        omv_server_t *o = &r->env.servers->rec[r->server_ids[i] - 1];
+        omv_log_info("shard server %u (%s): shards [%u, %u), parameters [%u, %u)", r->server_ids[i],
+                     o->endpoint, o->first, o->last, r->shards->offsets[o->first],
+                     r->shards->offsets[o->last]);
+        if (send_assign(r, o) < 0) {
+            omv_run_finish(r, JOB_FAILED, "cannot send the job to a shard server");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void record_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
+{
+    uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    omv_push_t p = {.worker_id = rep->worker_id,
+                    .step = rep->step,
+                    .loss = rep->loss,
+                    .samples = rep->samples,
+                    .compute_ms = rep->compute_ms};
+    m->last_push_ms = omv_time_ms();
+    m->served = 1;
+    m->served_step = rep->step;
+    count_step(r, m, group, &p);
+    r->pushes_recorded_total++;
+    omv_groups_record_push(r->groups, m->slot, 0);
+}
+
+/* Records the early reports that are due now, as their groups advance. */
+static void record_early(omv_run_t *r)
+{
+    char why[OMV_WIRE_REASON_MAX];
+    for (int again = 1; again;) {
+        again = 0;
+        for (uint32_t i = 0; i < r->env.members->n; i++) {
+            member_t *o = &r->env.members->records[i];
+            if (o->n_early == 0 || o->state != MEMBER_ALIVE)
+                continue;
+            if (omv_groups_check_push(r->groups, o->slot, o->early[0].step, 0, why) !=
+                OMV_REFUSE_NONE)
+                continue;
+            omv_step_report_t e = o->early[0];
+            memmove(o->early, o->early + 1, --o->n_early * sizeof(e));
+            record_report(r, o, &e);
+            again = 1;
+        }
+    }
+}
+
+void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
+{
+    char why[OMV_WIRE_REASON_MAX], who[96];
+    snprintf(who, sizeof(who), "worker %u \"%s\"", omv_members_id(r->env.members, m), m->host);
+    if (!remote(r) || m->role != OMV_ROLE_TRAINER) {
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_ROLE, who,
+                         "a step report, but the daemon holds the model: push to it");
+        return;
+    }
+    if (r->state == JOB_FINISHING || r->state == JOB_DONE) {
+        r->late_total++;
+        return;
+    }
+    omv_refuse_t code = r->state != JOB_RUNNING
+                            ? OMV_REFUSE_STEP
+                            : omv_groups_check_push(r->groups, m->slot, rep->step, 0, why);
+    if (r->state != JOB_RUNNING)
+        snprintf(why, sizeof(why), "step report while the job is %s",
+                 omv_run_state_names[r->state]);
+    int g = omv_groups_of(r->groups, m->slot);
+    uint64_t clock = g >= 0 ? omv_groups_clock(r->groups, (uint32_t)g) : 0;
+    if (code == OMV_REFUSE_STEP && g >= 0 && rep->step > clock &&
+        rep->step <= clock + OMV_ARRAY_SIZE(m->early) && m->n_early < OMV_ARRAY_SIZE(m->early) &&
+        (m->n_early == 0 || rep->step > m->early[m->n_early - 1].step)) {
+        m->early[m->n_early++] = *rep; /* the others' reports of the current step are late */
+        m->last_push_ms = omv_time_ms();
+        return;
+    }
+    if (code != OMV_REFUSE_NONE) {
+        omv_refusals_add(r->env.refusals, &m->peer, code, who, why);
+        return;
+    }
+    record_report(r, m, rep);
+    record_early(r);
+}
+
+void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
+                      const float *payload, size_t bytes)
+{
+    uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
+    if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
+        return; /* an older gather's answer */
+    if (g->first_shard != s->first || g->last_shard != s->last ||
+        bytes != 2 * (size_t)count * sizeof(float)) {
+        omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
+                      "(%zu bytes): ignored",
+                      omv_servers_id(r->env.servers, s), g->first_shard, g->last_shard, bytes,
+                      s->first, s->last, 2 * (size_t)count * sizeof(float));
+        return;
+    }
+    memcpy(r->fetch_params + off, payload, count * sizeof(float));
+    memcpy(r->fetch_velocity + off, payload + count, count * sizeof(float));
+    s->bytes_in += bytes;
+    s->gathers++;
+    if (--r->fetch_left > 0)
+        return;
+    if (omv_shardset_restore(r->shards, r->fetch_params, r->fetch_velocity, NULL, NULL) < 0) {
+        omv_log_error("cannot put the shard servers' model into the daemon's shards");
+        return;
+    }
+    r->fetched_final = r->fetch_final;
+    r->fetch_fresh = 1;
+    if (r->eval.wanted) {
+        r->eval.wanted = 0;
+        request_eval(r);
+    }
+    omv_run_progress(r);
+}
+
+void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
+{
+    if (!remote(r) || s->run_id != r->id || OMV_JOB_OVER(r->state))
+        return;
+    char why[256];
+    snprintf(why, sizeof(why),
+             "shard server %u (%s) is gone with shards [%u, %u), which have no replica",
+             omv_servers_id(r->env.servers, s), s->endpoint, s->first, s->last);
+    omv_run_finish(r, JOB_FAILED, why);
+}
+
+/* ---- the model on shard servers: a shard server ---- */
+
+void omv_run_adopt(omv_run_t *r, member_t *m, uint32_t slot, uint32_t group)
+{
+    if (slot >= r->n_slots || group >= omv_groups_max(r->groups) ||
+        omv_groups_join(r->groups, slot, group) < 0) {
+        omv_log_error("the coordinator puts worker %u in slot %u, group %u, which does not fit",
+                      omv_members_id(r->env.members, m), slot, group);
+        m->state = MEMBER_DEAD;
+        return;
+    }
+    m->slot = slot;
+    assign_slices(r);
+    omv_log_info("worker %u (%s): group %u, slot %u", omv_members_id(r->env.members, m), m->host,
+                 group, slot);
+}
+
+void omv_run_part_start(omv_run_t *r)
+{
+    if (r->state == JOB_WAITING)
+        start(r, " (the coordinator started it)");
+}
+
+void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
+{
+    if (final && r->state < JOB_FINISHING) {
+        r->part_gather_wanted = 1; /* once the last step is in */
+        r->part_gather_id = gather_id;
+        return;
+    }
+    r->part_gather_wanted = 0;
+    uint32_t off = r->shards->offsets[r->part.first];
+    uint32_t count = r->shards->offsets[r->part.last] - off;
+    float *buf = malloc((2 * (size_t)count + 1) * sizeof(float));
+    if (buf == NULL || omv_shardset_gather(r->shards, 1) < 0) {
+        omv_log_error("cannot gather shards [%u, %u) for the coordinator", r->part.first,
+                      r->part.last);
+        free(buf);
+        return;
+    }
+    memcpy(buf, r->shards->gather_params + off, count * sizeof(float));
+    memcpy(buf + count, r->shards->gather_velocity + off, count * sizeof(float));
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = OMV_SERVER_GATHERED;
+    u->server_id = r->part.server_id;
+    u->first_shard = r->part.first;
+    u->last_shard = r->part.last;
+    u->gather_id = gather_id;
+    u->final = final;
+    u->count = 2 * count;
+    u->images = r->images_total;
+    u->steps = r->steps_total;
+    int e = omv_router_up_send(r->env.router, &msg, buf);
+    if (e < 0)
+        omv_log_error("cannot send shards [%u, %u) to the coordinator: %s", r->part.first,
+                      r->part.last, omv_strerror(e));
+    free(buf);
+}
+
+int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, size_t count)
+{
+    uint32_t off = r->shards->offsets[r->part.first];
+    if (count != r->shards->offsets[r->part.last] - off)
+        return -EINVAL;
+    /* The whole-model arrays the restore reads: only this part's range is used. */
+    int e = omv_shardset_gather(r->shards, 1);
+    if (e < 0)
+        return e;
+    memcpy(r->shards->gather_params + off, params, count * sizeof(float));
+    memcpy(r->shards->gather_velocity + off, velocity, count * sizeof(float));
+    return omv_shardset_restore(r->shards, r->shards->gather_params, r->shards->gather_velocity,
+                                NULL, NULL);
 }

@@ -15,6 +15,7 @@
 #include "refusals.h"
 #include "router.h"
 #include "run_checkpoint.h"
+#include "servers.h"
 #include "shardset.h"
 #include "timeline.h"
 #include "tuner.h"
@@ -33,6 +34,15 @@ typedef enum {
 extern const char *const omv_run_state_names[];
 #define OMV_JOB_OVER(state) ((state) >= JOB_DONE)
 
+/* A shard server's part of a job (omnivored --role shard): it holds shards [first, last) of the
+ * coordinator's layout, and is told by the coordinator who the members are, when the job
+ * starts, and when it is over. */
+typedef struct {
+    uint32_t server_id; /* its id at the coordinator */
+    uint32_t first, last;
+    uint32_t train_count; /* the coordinator's training images */
+} omv_run_part_t;
+
 /* What a run works with that outlives it: borrowed, from the daemon. */
 typedef struct {
     omv_router_t *router;
@@ -41,6 +51,8 @@ typedef struct {
     const char *state_dir;       /* checkpoints go under it unless the job says */
     const char *checkpoint_root; /* another folder a job's checkpoints may go to ("": none) */
     int once;                    /* the workers exit when the job ends (omnivored --once) */
+    omv_servers_t *servers;      /* a coordinator's shard servers (NULL: none) */
+    const omv_run_part_t *part;  /* a shard server's part of the job (NULL: the whole job) */
 } omv_run_env_t;
 
 /* How a requested stop ends, once a checkpoint of whole steps is written (or too late). */
@@ -98,6 +110,21 @@ typedef struct {
     double stop_deadline_s;
     int exit_ready; /* OMV_RUN_STOP_EXIT: the last checkpoint is written (or given up on) */
     int recorded;   /* its end is in the finished jobs */
+    /* On a shard server: its part (is_part), and a final gather waiting for the last step. */
+    int is_part;
+    omv_run_part_t part;
+    int part_gather_wanted;
+    uint64_t part_gather_id;
+    /* On a coordinator whose job has [cluster] servers: the servers that hold the model (in the
+     * order of their shards), and a gather of the model from them under way. */
+    uint32_t n_servers;
+    uint32_t server_ids[OMV_WIRE_MAX_SERVERS];
+    uint64_t fetch_id;
+    uint32_t fetch_left;
+    int fetch_final;   /* the gather is of the final model (the job's last step is in) */
+    int fetched_final; /* the shards hold the servers' final model */
+    int fetch_fresh;   /* the shards hold what the servers sent last: evaluate it */
+    float *fetch_params, *fetch_velocity; /* [param_count] what the servers sent */
     /* How a done job ended: with an evaluation of its final model (the final request answered,
      * or the one that reached stop_at_accuracy), and its final checkpoint 1 written, -1 failed,
      * 0 not tried (checkpoints off). */
@@ -143,6 +170,34 @@ void omv_run_push(omv_run_t *self, member_t *m, const omv_push_t *p);
 void omv_run_eval_result(omv_run_t *self, member_t *m, const omv_eval_result_t *e);
 /* A live member of the job is gone (why: MEMBER_LEFT or MEMBER_DEAD). */
 void omv_run_member_gone(omv_run_t *self, member_t *m, member_state_t why);
+
+/* ---- the model on shard servers: a coordinator's side ---- */
+
+/* Whether the job waits for shard servers before it takes workers. */
+int omv_run_wants_servers(const omv_run_t *self);
+/* Takes server s (free, alive) for the job; once it has all it waits for, assigns their
+ * ranges and sends them the job. Returns 1 when the job has all its servers now. */
+int omv_run_add_server(omv_run_t *self, omv_server_t *s);
+/* A worker's report of a step whose gradients went to the shard servers. */
+void omv_run_report(omv_run_t *self, member_t *m, const omv_step_report_t *rep);
+/* A server's range of the model, asked for by a gather. */
+void omv_run_gathered(omv_run_t *self, omv_server_t *s, const omv_server_msg_t *g,
+                      const float *payload, size_t bytes);
+/* A server of the job is gone: with no replica of its shards, the job fails. */
+void omv_run_server_lost(omv_run_t *self, omv_server_t *s);
+
+/* ---- a shard server's side ---- */
+
+/* The coordinator put trainer m in slot and group. */
+void omv_run_adopt(omv_run_t *self, member_t *m, uint32_t slot, uint32_t group);
+/* The coordinator started the job. */
+void omv_run_part_start(omv_run_t *self);
+/* The coordinator asks for this server's range: now, or (final) once the job's last step is
+ * in. */
+void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final);
+/* Puts the coordinator's parameters and momentum of this part's range (count floats each) in
+ * its shards. Returns 0 or -errno. */
+int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity, size_t count);
 
 /* ---- from the loop ---- */
 

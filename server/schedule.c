@@ -14,9 +14,14 @@ int omv_schedule_load(omv_daemon_t *d, omv_queued_job_t *q, int submitted)
 {
     omv_run_destroy(&d->run);
     omv_run_env_t env = {
-        d->router, d->members, &d->refusals, d->cfg.state_dir, d->cfg.checkpoint_root, d->cfg.once};
+        d->router,   d->members,  &d->refusals, d->cfg.state_dir, d->cfg.checkpoint_root,
+        d->cfg.once, &d->servers, NULL};
     d->run = omv_run_new(&env, q->job, q->path, q->text, q->id);
     int r = d->run ? 0 : -errno;
+    /* Shard servers that registered already and hold nothing. */
+    for (uint32_t i = 0; r == 0 && i < d->servers.n && omv_run_wants_servers(d->run); i++)
+        if (d->servers.rec[i].alive && d->servers.rec[i].run_id == 0)
+            omv_run_add_server(d->run, &d->servers.rec[i]);
     if (r == 0) {
         omv_jobs_set_current(d->jobs, submitted ? q->id : 0, q->path, q->sets);
         /* Workers that waited for a job register again, into this one. */

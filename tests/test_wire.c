@@ -513,6 +513,105 @@ START_TEST(test_welcome_bad_shards_refused)
 }
 END_TEST
 
+/* The model on shard servers: a Welcome names every server in shard order, the worker's
+ * attach, its step report, and the coordinator's orders to a server with their clocks. */
+START_TEST(test_servers_round_trip)
+{
+    omv_msg_t m, d;
+    make_welcome(&m);
+    omv_welcome_t *w = &m.u.welcome;
+    w->n_servers = 2;
+    w->attach_token = 0xfeedfacecafebeefULL;
+    strcpy(w->servers[0].endpoint, "tcp://10.0.0.2:5556");
+    strcpy(w->servers[0].public_key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+    w->servers[0].first_shard = 0, w->servers[0].last_shard = 1;
+    strcpy(w->servers[1].endpoint, "tcp://10.0.0.3:5556");
+    w->servers[1].first_shard = 1, w->servers[1].last_shard = 3;
+    round_trip(&m, &d);
+    ck_assert_uint_eq(d.u.welcome.n_servers, 2);
+    ck_assert(d.u.welcome.attach_token == 0xfeedfacecafebeefULL);
+    ck_assert_str_eq(d.u.welcome.servers[0].endpoint, "tcp://10.0.0.2:5556");
+    ck_assert_str_eq(d.u.welcome.servers[0].public_key, w->servers[0].public_key);
+    ck_assert_str_eq(d.u.welcome.servers[1].public_key, "");
+    ck_assert_uint_eq(d.u.welcome.servers[1].first_shard, 1);
+    ck_assert_uint_eq(d.u.welcome.servers[1].last_shard, 3);
+
+    memset(&m, 0, sizeof(m));
+    m.type = OMV_MSG_REPORT;
+    m.u.report = (omv_step_report_t){9, 123456789012ULL, 0.25f, 21, 3.5f};
+    round_trip(&m, &d);
+    ck_assert_uint_eq(d.u.report.worker_id, 9);
+    ck_assert(d.u.report.step == 123456789012ULL);
+    ck_assert_float_eq(d.u.report.loss, 0.25f);
+    ck_assert_uint_eq(d.u.report.samples, 21);
+    ck_assert_float_eq(d.u.report.compute_ms, 3.5f);
+
+    memset(&m, 0, sizeof(m));
+    m.type = OMV_MSG_ATTACH;
+    m.u.attach = (omv_attach_t){4, 77};
+    round_trip(&m, &d);
+    ck_assert_uint_eq(d.u.attach.worker_id, 4);
+    ck_assert(d.u.attach.token == 77);
+
+    memset(&m, 0, sizeof(m));
+    m.type = OMV_MSG_SERVER;
+    omv_server_msg_t *u = &m.u.server;
+    u->op = OMV_SERVER_MEMBER;
+    u->server_id = 2, u->first_shard = 1, u->last_shard = 3, u->n_groups = 3;
+    u->clocks[0] = 5, u->clocks[1] = 6, u->clocks[2] = 1ULL << 40;
+    u->worker_id = 11, u->slot = 4, u->group = 2, u->state = OMV_SERVER_MEMBER_DEAD;
+    strcpy(u->host, "node-7");
+    strcpy(u->key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
+    u->token = 99, u->gather_id = 12, u->final = 1, u->count = 0;
+    u->images = 1ULL << 33, u->steps = 1000;
+    round_trip(&m, &d);
+    const omv_server_msg_t *v = &d.u.server;
+    ck_assert_int_eq(v->op, OMV_SERVER_MEMBER);
+    ck_assert_uint_eq(v->server_id, 2);
+    ck_assert_uint_eq(v->first_shard, 1);
+    ck_assert_uint_eq(v->last_shard, 3);
+    ck_assert_uint_eq(v->n_groups, 3);
+    ck_assert(v->clocks[0] == 5 && v->clocks[1] == 6 && v->clocks[2] == 1ULL << 40);
+    ck_assert_uint_eq(v->worker_id, 11);
+    ck_assert_uint_eq(v->slot, 4);
+    ck_assert_uint_eq(v->group, 2);
+    ck_assert_uint_eq(v->state, OMV_SERVER_MEMBER_DEAD);
+    ck_assert_str_eq(v->host, "node-7");
+    ck_assert_str_eq(v->key, u->key);
+    ck_assert(v->token == 99 && v->gather_id == 12 && v->final == 1);
+    ck_assert(v->images == 1ULL << 33 && v->steps == 1000);
+    ck_assert_str_eq(omv_server_op_name(v->op), "member");
+}
+END_TEST
+
+/* Servers that leave a shard out, hold one twice or go past the shards are refused. */
+START_TEST(test_servers_refused)
+{
+    static const uint32_t cases[][4] = {
+        {0, 1, 2, 3}, /* a gap: shard 1 is nobody's */
+        {0, 2, 1, 3}, /* overlap */
+        {1, 2, 2, 3}, /* shard 0 is nobody's */
+        {0, 0, 0, 3}, /* an empty range */
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        omv_msg_t m, d;
+        uint8_t buf[BUF_CAP];
+        char why[OMV_WIRE_REASON_MAX] = "";
+        make_welcome(&m);
+        m.u.welcome.n_servers = 2;
+        strcpy(m.u.welcome.servers[0].endpoint, "ipc:///a");
+        strcpy(m.u.welcome.servers[1].endpoint, "ipc:///b");
+        m.u.welcome.servers[0].first_shard = cases[c][0];
+        m.u.welcome.servers[0].last_shard = cases[c][1];
+        m.u.welcome.servers[1].first_shard = cases[c][2];
+        m.u.welcome.servers[1].last_shard = cases[c][3];
+        size_t len = encode_ok(&m, buf);
+        ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+        ck_assert_msg(strstr(why, "shard server"), "case %zu: '%s'", c, why);
+    }
+}
+END_TEST
+
 START_TEST(test_welcome_limits)
 {
     /* The largest welcome we may send: longest paths, most layers, most shards. */
@@ -560,7 +659,7 @@ END_TEST
 /* What a decoder that said yes promises: a known type and terminated, in-limit fields. */
 static void assert_sane(const omv_msg_t *m)
 {
-    ck_assert(m->type > OMV_MSG_NONE && m->type <= OMV_MSG_LEAVE);
+    ck_assert(m->type > OMV_MSG_NONE && m->type <= OMV_MSG_SERVER);
     if (m->type == OMV_MSG_HELLO)
         ck_assert_uint_lt(strnlen(m->u.hello.hostname, 64), 64);
     if (m->type == OMV_MSG_ERROR) {
@@ -660,6 +759,8 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_oversized_envelope);
     tcase_add_test(tc, test_welcome_bad_shards_refused);
     tcase_add_test(tc, test_welcome_limits);
+    tcase_add_test(tc, test_servers_round_trip);
+    tcase_add_test(tc, test_servers_refused);
     tcase_add_test(tc, test_long_string_refused);
     tcase_add_test(tc, test_fuzz_decoder);
     suite_add_tcase(s, tc);

@@ -112,6 +112,22 @@ static void drain(omv_link_t *self)
     }
 }
 
+int omv_link_poll(omv_link_t *const *links, int n, int timeout_ms)
+{
+    zmq_pollitem_t items[1 + OMV_WIRE_MAX_SERVERS];
+    if (n < 1 || n > 1 + OMV_WIRE_MAX_SERVERS)
+        return -EINVAL;
+    for (int i = 0; i < n; i++)
+        items[i] = (zmq_pollitem_t){links[i]->sock, 0, ZMQ_POLLIN, 0};
+    int r = zmq_poll(items, n, timeout_ms);
+    if (r < 0)
+        return -errno;
+    for (int i = 0; i < n && r > 0; i++)
+        if (items[i].revents & ZMQ_POLLIN)
+            return i;
+    return -EAGAIN;
+}
+
 int omv_link_recv(omv_link_t *self, omv_msg_t *ret, int timeout_ms, char *why)
 {
     zmq_pollitem_t item = {self->sock, 0, ZMQ_POLLIN, 0};

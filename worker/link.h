@@ -33,5 +33,9 @@ int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const void *payload);
  * if any, stays readable through omv_link_payload until the next receive. */
 int omv_link_recv(omv_link_t *self, omv_msg_t *ret, int timeout_ms, char *why);
 
+/* Waits up to timeout_ms for one of links[n] (n at most 1 + OMV_WIRE_MAX_SERVERS) to have a
+ * message. Returns its index (the first ready), -EAGAIN on timeout, or a negative errno. */
+int omv_link_poll(omv_link_t *const *links, int n, int timeout_ms);
+
 /* The payload of the last message received: bytes (NULL when none); *ret_len gets its length. */
 const void *omv_link_payload(const omv_link_t *self, size_t *ret_len);

@@ -24,6 +24,12 @@ typedef struct {
     const omv_session_config_t *cfg;
     volatile sig_atomic_t *stop;
     omv_link_t *link;
+    /* The model on shard servers: a link to each (links[0] is the daemon's), which holds
+     * which shard, and the link the last message came from. */
+    omv_link_t *links[1 + OMV_WIRE_MAX_SERVERS];
+    uint32_t n_servers;
+    uint8_t shard_server[OMV_WIRE_MAX_SHARDS];
+    omv_link_t *from;
     uint32_t worker_id;   /* 0 while not registered */
     uint32_t previous_id; /* the id we had before the daemon went away */
     uint32_t group;
@@ -70,13 +76,34 @@ enum {
     WAIT_LOST = 2, /* the daemon went away or no longer knows us: register again */
 };
 
-static int send_msg(session_t *s, const omv_msg_t *m, const void *payload)
+static int send_on(session_t *s, omv_link_t *link, const omv_msg_t *m, const void *payload)
 {
-    int r = omv_link_send(s->link, m, payload);
+    int r = omv_link_send(link, m, payload);
     if (r < 0)
         omv_log_error("cannot send %s: %s", omv_msg_name(m->type), omv_strerror(r));
-    s->last_sent_ms = omv_time_ms();
+    if (link == s->link)
+        s->last_sent_ms = omv_time_ms(); /* heartbeats are the daemon's */
     return r;
+}
+
+static int send_msg(session_t *s, const omv_msg_t *m, const void *payload)
+{
+    return send_on(s, s->link, m, payload);
+}
+
+/* Waits up to wait ms for a message from the daemon or a shard server; s->from says which. */
+static int recv_any(session_t *s, omv_msg_t *m, int wait, char *why)
+{
+    if (s->n_servers == 0) {
+        s->from = s->link;
+        return omv_link_recv(s->link, m, wait, why);
+    }
+    s->links[0] = s->link;
+    int i = omv_link_poll(s->links, 1 + (int)s->n_servers, wait);
+    if (i < 0)
+        return i;
+    s->from = s->links[i];
+    return omv_link_recv(s->from, m, 0, why);
 }
 
 static void send_heartbeat_if_due(session_t *s)
@@ -110,7 +137,7 @@ static int wait_msg(session_t *s, omv_msg_t *m, int64_t deadline_ms)
         int wait = s->cfg->heartbeat_ms;
         if (deadline_ms > 0 && deadline_ms - now < wait)
             wait = (int)(deadline_ms - now);
-        int r = omv_link_recv(s->link, m, wait, why);
+        int r = recv_any(s, m, wait, why);
         if (r == -EAGAIN || r == -EINTR) {
             send_heartbeat_if_due(s);
             continue;
@@ -218,6 +245,79 @@ static void shm_attach(session_t *s, const omv_welcome_t *w)
                  s->worker_id);
 }
 
+static void servers_close(session_t *s, int flush)
+{
+    for (uint32_t i = 0; i < s->n_servers; i++)
+        if (flush)
+            omv_link_destroy(&s->links[1 + i]);
+        else
+            omv_link_abandon(&s->links[1 + i]);
+    s->n_servers = 0;
+}
+
+/* Attaches to a shard server: Attach until it answers (the daemon may not have told it of us
+ * yet), for up to 10 s. Returns 0, or -ETIMEDOUT / -EPROTO after logging why. */
+static int attach_one(session_t *s, omv_link_t *link, const char *endpoint, uint64_t token)
+{
+    int64_t deadline = omv_time_ms() + 10000;
+    char why[OMV_WIRE_REASON_MAX] = "no answer";
+    while (omv_time_ms() < deadline && !*s->stop) {
+        omv_msg_t m = {.type = OMV_MSG_ATTACH};
+        m.u.attach = (omv_attach_t){s->worker_id, token};
+        if (send_on(s, link, &m, NULL) < 0)
+            return -EPROTO;
+        int r = omv_link_recv(link, &m, 500, why);
+        if (r == 0 && m.type == OMV_MSG_HEARTBEAT)
+            return 0;
+        if (r == 0 && m.type == OMV_MSG_ERROR)
+            omv_strlcpy(why, m.u.error.reason, sizeof(why));
+        if (r == 0 && m.type == OMV_MSG_ERROR && m.u.error.code != OMV_REFUSE_UNKNOWN_WORKER)
+            break;
+        struct timespec ts = {0, 100000000L};
+        nanosleep(&ts, NULL);
+    }
+    omv_log_error("cannot attach to the shard server at %s: %s", endpoint, why);
+    return -ETIMEDOUT;
+}
+
+/* The model is on shard servers: a link to each, attached, and which holds which shard. */
+static int servers_open(session_t *s, const omv_welcome_t *w)
+{
+    servers_close(s, 0);
+    if (w->n_servers == 0 || s->cfg->role != OMV_ROLE_TRAINER)
+        return 0;
+    if (w->servers[w->n_servers - 1].last_shard != w->job.n_shards) {
+        omv_log_error("the daemon's shard servers hold %u shards, the job has %u",
+                      w->servers[w->n_servers - 1].last_shard, w->job.n_shards);
+        return -EPROTO;
+    }
+    for (uint32_t i = 0; i < w->n_servers; i++) {
+        const omv_server_info_t *v = &w->servers[i];
+        omv_link_curve_t c = {v->public_key, s->cfg->curve ? s->cfg->curve->public_key : NULL,
+                              s->cfg->curve ? s->cfg->curve->secret_key : NULL};
+        if (v->public_key[0] && s->cfg->curve == NULL) {
+            omv_log_error("shard server %s takes CURVE connections: give this worker its keys",
+                          v->endpoint);
+            return -EPROTO;
+        }
+        s->links[1 + i] = omv_link_new(v->endpoint, v->public_key[0] ? &c : NULL);
+        if (s->links[1 + i] == NULL) {
+            omv_log_error("cannot connect to shard server %s: %s", v->endpoint,
+                          omv_strerror(-errno));
+            return -errno;
+        }
+        s->n_servers = i + 1;
+        for (uint32_t sh = v->first_shard; sh < v->last_shard; sh++)
+            s->shard_server[sh] = (uint8_t)i;
+        int r = attach_one(s, s->links[1 + i], v->endpoint, w->attach_token);
+        if (r < 0)
+            return r;
+    }
+    omv_log_info("worker %u: the model is on %u shard servers; pulling from and pushing to them",
+                 s->worker_id, s->n_servers);
+    return 0;
+}
+
 /* One registration attempt: Hello, then wait up to wait_ms for the Welcome. Returns 0,
  * -ETIMEDOUT (no answer), WAIT_DONE (nothing to do: the job is over) or another negative errno
  * (refused: do not try again). */
@@ -268,7 +368,7 @@ static int handshake(session_t *s, int wait_ms)
     }
     s->job = m.u.welcome.job;
     shm_attach(s, &m.u.welcome);
-    return 0;
+    return servers_open(s, &m.u.welcome);
 }
 
 /* Registered while the daemon has no job: heartbeats until it says a job starts (Stop with
@@ -506,13 +606,20 @@ static void next_batch(session_t *s, uint32_t batch)
     }
 }
 
-/* Asks for the parameters of step. */
+/* Asks for the parameters of step: from the daemon, or from every shard server. */
 static int send_pull(session_t *s, uint64_t step)
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
     m.u.pull.worker_id = s->worker_id;
     m.u.pull.step = step;
-    return send_msg(s, &m, NULL);
+    if (s->n_servers == 0)
+        return send_msg(s, &m, NULL);
+    for (uint32_t i = 0; i < s->n_servers; i++) {
+        int r = send_on(s, s->links[1 + i], &m, NULL);
+        if (r < 0)
+            return r;
+    }
+    return 0;
 }
 
 /* Where this step's parameters are read and its gradient written: the shared segments when
@@ -563,7 +670,7 @@ static int take_params(session_t *s, const omv_params_t *p)
         return -EPROTO;
     }
     size_t len;
-    const void *data = omv_link_payload(s->link, &len);
+    const void *data = omv_link_payload(s->from, &len);
     if (p->wire == OMV_WIRE_BF16)
         omv_bf16_to_f32(s->params + p->offset, data, p->count);
     else if (p->wire == OMV_WIRE_FP32)
@@ -685,7 +792,17 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
         values = s->grad16 + off;
     }
     s->pushed[sh] = 1;
-    return send_msg(s, &m, values);
+    return send_on(s, s->n_servers ? s->links[1 + s->shard_server[sh]] : s->link, &m, values);
+}
+
+/* With the model on shard servers, the daemon gets the step's figures on their own. */
+static int report_step(session_t *s, float loss, float ms)
+{
+    if (s->n_servers == 0)
+        return 0;
+    omv_msg_t m = {.type = OMV_MSG_REPORT};
+    m.u.report = (omv_step_report_t){s->worker_id, s->step, loss, s->batch, ms};
+    return send_msg(s, &m, NULL);
 }
 
 /* Pushes, last first, every shard not pushed yet that starts at or after from, but shard 0:
@@ -701,11 +818,12 @@ static int push_from(session_t *s, size_t from)
     return 0;
 }
 
-/* Pushes every shard not pushed yet, shard 0 last. */
+/* Pushes every shard not pushed yet, shard 0 last; then the step's report, if any. */
 static int push_rest(session_t *s, float loss, float ms)
 {
     int r = push_from(s, 0);
-    return r < 0 ? r : push_shard(s, 0, loss, ms);
+    r = r < 0 ? r : push_shard(s, 0, loss, ms);
+    return r < 0 ? r : report_step(s, loss, ms);
 }
 
 /* The engine's hooks (worker/net.h): a layer waits only for its own shards, and a shard's
@@ -879,6 +997,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
         /* The daemon is gone or forgot us: find it again, for up to retry_ms. */
         s.previous_id = s.worker_id;
         s.worker_id = 0;
+        servers_close(&s, 0);
         omv_link_abandon(&s.link);
         deadline = cfg->retry_ms > 0 ? omv_time_ms() + cfg->retry_ms : 0;
     }
@@ -893,6 +1012,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
         r = 0;
     release_engine(&s);
     shm_detach(&s);
+    servers_close(&s, 1);
     omv_link_destroy(&s.link);
     return r;
 }

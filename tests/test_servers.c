@@ -1,0 +1,358 @@
+/* Integration tests of a model spread over shard servers (omnivored --role shard): the
+ * coordinator, the shard servers, trainers and an evaluator as real processes on ipc endpoints
+ * in a temporary folder, training generated data. */
+#include <check.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "cluster_util.h"
+#include "control.h"
+#include "strbuf.h"
+#include "testutil.h"
+#include "util.h"
+
+#define MAX_PROCS 8
+
+/* Starts argv with its stdout and stderr in log. */
+static pid_t spawn_logged(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static void read_file(const char *path, char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    fclose(f);
+}
+
+/* Shard server i: its own endpoint, control socket, folder and log. */
+static pid_t start_shard(int i)
+{
+    char ep[700], ctl[700], dir[700], log[700];
+    snprintf(ep, sizeof(ep), "ipc://%s/shard%d.sock", test_dir, i);
+    snprintf(ctl, sizeof(ctl), "%s/shard%d.ctl", test_dir, i);
+    snprintf(dir, sizeof(dir), "%s/shard%d", test_dir, i);
+    snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--role",
+                    "shard",
+                    "--coordinator",
+                    endpoint,
+                    "--endpoint",
+                    ep,
+                    "--control",
+                    ctl,
+                    "--state-dir",
+                    dir,
+                    NULL};
+    return spawn_logged(argv, log);
+}
+
+/* The coordinator, with the job, its state in state (a folder of the test's) and its log. */
+static pid_t start_coordinator(const char *state)
+{
+    char dir[700], log[700];
+    snprintf(dir, sizeof(dir), "%s/%s", test_dir, state);
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--once",
+                    "--job",
+                    job_path,
+                    "--endpoint",
+                    endpoint,
+                    "--control",
+                    sock_path,
+                    "--state-dir",
+                    dir,
+                    NULL};
+    pid_t pid = spawn_logged(argv, log);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 20000;
+    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "the coordinator did not answer on its socket");
+        ck_assert_int_eq(waitpid(pid, NULL, WNOHANG), 0);
+        sleep_ms(10);
+    }
+    omv_strbuf_fini(&body);
+    return pid;
+}
+
+/* The newest finished checkpoint in state's checkpoint folder of the job. */
+static void read_final(const char *state, omv_checkpoint_t *ck)
+{
+    char dir[800], best[300] = "", path[1200], err[OMV_CHECKPOINT_ERR_MAX];
+    snprintf(dir, sizeof(dir), "%s/%s/checkpoints/blobs", test_dir, state);
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "no checkpoint folder %s", dir);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, "checkpoint-", 11) == 0 && strcmp(e->d_name, best) > 0)
+            omv_strlcpy(best, e->d_name, sizeof(best));
+    closedir(d);
+    ck_assert_msg(best[0], "no checkpoint in %s", dir);
+    snprintf(path, sizeof(path), "%s/%s", dir, best);
+    ck_assert_msg(omv_checkpoint_read(ck, path, err) == 0, "%s", err);
+    ck_assert_msg(ck->finished, "%s is not the finished job's checkpoint", path);
+}
+
+static void same_model(const omv_checkpoint_t *a, const omv_checkpoint_t *b)
+{
+    ck_assert_uint_eq(a->param_count, b->param_count);
+    ck_assert_uint_eq(a->steps_total, b->steps_total);
+    ck_assert_uint_eq(a->images_total, b->images_total);
+    size_t bytes = a->param_count * sizeof(float);
+    ck_assert_msg(memcmp(a->params, b->params, bytes) == 0, "the parameters differ");
+    ck_assert_msg(memcmp(a->velocity, b->velocity, bytes) == 0, "the momentum differs");
+}
+
+/* The job as it is written, on one daemon: its final checkpoint in state "one". */
+static double train_on_one(omv_checkpoint_t *ck)
+{
+    pid_t d = start_coordinator("one");
+    /* The socket, as to the servers: shared memory would carry fp32 whatever the wire. */
+    setenv("OMNIVORE_SHM", "0", 1);
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    unsetenv("OMNIVORE_SHM");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done(&body, 120000);
+    omv_strbuf_fini(&body);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    read_final("one", ck);
+    return acc;
+}
+
+/* Prints the processes' logs (on stderr, for a failing test's record). */
+static void dump_logs(int n)
+{
+    char log[700], text[8192];
+    for (int i = -1; i < n; i++) {
+        if (i < 0)
+            snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+        else
+            snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+        read_file(log, text, sizeof(text));
+        fprintf(stderr, "==== %s\n%s\n", log, text);
+    }
+}
+
+/* Waits up to 2 minutes for the job to be done; else prints the logs of the coordinator and
+ * the n servers, and fails. Returns the test accuracy. */
+static double wait_done_or_dump(omv_strbuf_t *body, int n)
+{
+    int64_t deadline = omv_time_ms() + 120000;
+    for (;;) {
+        char state[32] = "";
+        if (omv_control_request(sock_path, "status", body, 5000) == 0)
+            text_field(omv_strbuf_str(body), "state", state, sizeof(state));
+        if (strcmp(state, "done") == 0)
+            return field(omv_strbuf_str(body), "test_accuracy");
+        if (strcmp(state, "failed") == 0 || omv_time_ms() > deadline) {
+            dump_logs(n);
+            ck_abort_msg("the job is %s: %s", state, omv_strbuf_str(body));
+        }
+        sleep_ms(50);
+    }
+}
+
+/* The same job with its model on n shard servers; their logs are checked for their ranges. */
+static double train_on_servers(int n, omv_checkpoint_t *ck)
+{
+    pid_t d = start_coordinator("servers");
+    pid_t s[MAX_PROCS];
+    for (int i = 0; i < n; i++)
+        s[i] = start_shard(i);
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done_or_dump(&body, n);
+    omv_strbuf_fini(&body);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    char log[700], text[65536];
+    for (int i = 0; i < n; i++) {
+        kill(s[i], SIGTERM);
+        expect_exit_0(s[i], "omnivored (shard server)");
+        snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+        read_file(log, text, sizeof(text));
+        ck_assert_msg(has_text(text, "from the coordinator: shards ["), "shard %d: %s", i, text);
+        ck_assert_msg(has_text(text, "training finished"), "shard %d: %s", i, text);
+    }
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(!has_text(text, "refused"), "the coordinator refused something: %s", text);
+    read_final("servers", ck);
+    return acc;
+}
+
+START_TEST(test_servers_bit_identical)
+{
+    /* A synchronous group computes the same thing whoever holds the shards: with the model on
+     * 2 shard servers the same seed gives the same parameters, momentum, steps and images, bit
+     * for bit, and the same test accuracy, as with the daemon holding it. A model of conv,
+     * batch norm (its running statistics ride in the last shard) and fc layers in 4 shards,
+     * bf16 on the wire. */
+    char model[700];
+    snprintf(model, sizeof(model), "%s/mixed.model", test_dir);
+    FILE *f = fopen(model, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nbatchnorm\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n",
+          f);
+    fclose(f);
+    model_section = "definition = mixed.model";
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4");
+    omv_checkpoint_t one, spread;
+    double acc_one = train_on_one(&one);
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nservers = 2");
+    double acc_spread = train_on_servers(2, &spread);
+    same_model(&one, &spread);
+    ck_assert_msg(acc_one == acc_spread, "accuracy %f on one daemon, %f on servers", acc_one,
+                  acc_spread);
+    ck_assert_msg(acc_one > 0.9, "accuracy %f", acc_one);
+    omv_checkpoint_fini(&one);
+    omv_checkpoint_fini(&spread);
+}
+END_TEST
+
+START_TEST(test_servers_three_fp32)
+{
+    /* An MLP over 3 servers (fp32), against one daemon: the same, bit for bit. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 3\nwire = fp32");
+    omv_checkpoint_t one, spread;
+    train_on_one(&one);
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 3\nwire = fp32\nservers = 3");
+    train_on_servers(3, &spread);
+    same_model(&one, &spread);
+    omv_checkpoint_fini(&one);
+    omv_checkpoint_fini(&spread);
+}
+END_TEST
+
+START_TEST(test_servers_async_groups)
+{
+    /* Two asynchronous groups over 2 servers: each server bounds its own clocks, so the job
+     * trains to the same accuracy as on one daemon, and counts exactly its images. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 4, "groups = 2\nstaleness = 1\nservers = 2");
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done_or_dump(&body, 2);
+    double images = field(omv_strbuf_str(&body), "images_total");
+    omv_strbuf_fini(&body);
+    ck_assert_msg(acc > 0.95, "accuracy %f", acc);
+    ck_assert_msg(images >= 4 * 4096 && images <= 4 * 4096 + 2 * 32, "images %f", images);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    for (int i = 0; i < 2; i++) {
+        kill(s[i], SIGTERM);
+        expect_exit_0(s[i], "omnivored (shard server)");
+    }
+}
+END_TEST
+
+START_TEST(test_server_lost_fails_job)
+{
+    /* With no replica yet, a shard server that dies mid-run ends the job, failed, with a
+     * reason that names the server and its shards; the coordinator stays up to say so. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 200, "groups = 1\nstaleness = none\nservers = 2");
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[2] = {start_worker("trainer"), start_worker("trainer")};
+    wait_status("steps_total", 50, 60000);
+    kill(s[1], SIGKILL);
+    waitpid(s[1], NULL, 0);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 30000;
+    char state[32] = "";
+    while (strcmp(state, "failed") != 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "the job did not fail: %s", omv_strbuf_str(&body));
+        sleep_ms(100);
+        if (omv_control_request(sock_path, "status", &body, 2000) == 0)
+            text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+    }
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "shard server") &&
+                      has_text(omv_strbuf_str(&body), "no replica"),
+                  "reason: %s", omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    stop_workers(w, 2);
+    shutdown_daemon(d);
+    kill(s[0], SIGTERM);
+    expect_exit_0(s[0], "omnivored (shard server)");
+}
+END_TEST
+
+START_TEST(test_worker_at_shard_server_refused)
+{
+    /* A worker pointed at a shard server instead of the coordinator is told where to go. */
+    model_section = "layers = 64 32 4";
+    write_job(1, 1, "servers = 1");
+    pid_t d = start_coordinator("servers");
+    pid_t s = start_shard(0);
+    char ep[700], log[700], text[16384];
+    snprintf(ep, sizeof(ep), "ipc://%s/shard0.sock", test_dir);
+    snprintf(log, sizeof(log), "%s/lost-worker.log", test_dir);
+    char *argv[] = {(char *)bin("OMNIVORE_WORKER"), "--server", ep, "--hello-timeout", "5", NULL};
+    pid_t w = spawn_logged(argv, log);
+    int status;
+    ck_assert_int_eq(waitpid(w, &status, 0), w);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) != 0, "status %d", status);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(has_text(text, "shard server") && has_text(text, "coordinator"), "%s", text);
+    kill(s, SIGTERM);
+    expect_exit_0(s, "omnivored (shard server)");
+    kill(d, SIGTERM);
+    waitpid(d, NULL, 0);
+}
+END_TEST
+
+static Suite *servers_suite(void)
+{
+    Suite *s = suite_create("servers");
+    TCase *tc = tcase_create("servers");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_servers_bit_identical);
+    tcase_add_test(tc, test_servers_three_fp32);
+    tcase_add_test(tc, test_servers_async_groups);
+    tcase_add_test(tc, test_server_lost_fails_job);
+    tcase_add_test(tc, test_worker_at_shard_server_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return omv_test_run(servers_suite());
+}
