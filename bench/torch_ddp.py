@@ -36,9 +36,10 @@ def idx(path):
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def model_of(name, nn):
+def model_of(name, nn, hidden=256):
     if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+        return nn.Sequential(nn.Flatten(), nn.Linear(784, hidden), nn.ReLU(),
+                             nn.Linear(hidden, 10))
     return nn.Sequential(
         nn.Conv2d(1, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
@@ -63,7 +64,7 @@ def rank_main(rank, a):
     dist.init_process_group("gloo", rank=rank, world_size=a.procs)
     a.limit = a.limit or 60000
     torch.manual_seed(42)
-    model = nn.parallel.DistributedDataParallel(model_of(a.model, nn))
+    model = nn.parallel.DistributedDataParallel(model_of(a.model, nn, a.hidden))
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=a.momentum)
     loss_fn = nn.CrossEntropyLoss()
     xs = torch.from_numpy(idx(f"{DATA}/train-images-idx3-ubyte.gz")[:a.limit].copy()).float()
@@ -112,6 +113,7 @@ def main():
     p.add_argument("--batch", type=int, default=64, help="images per process per step")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--model", default="mlp", choices=["mlp", "cnn"])
+    p.add_argument("--hidden", type=int, default=256, help="the MLP's hidden width")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--target", type=float, default=0.85)

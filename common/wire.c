@@ -42,8 +42,8 @@ static const char *const refuse_names[] = {
     "step", "full",      "role",    "norm",           "auth",
 };
 
-static const char *const server_op_names[] = {"assign", "member", "start",
-                                              "gather", "end",    "gathered"};
+static const char *const server_op_names[] = {"assign", "member",   "start", "gather",
+                                              "end",    "gathered", "stats"};
 
 const char *omv_server_op_name(omv_server_op_t op)
 {
@@ -280,6 +280,10 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->count = m->count;
     out->images = m->images;
     out->steps = m->steps;
+    out->pushes = m->pushes;
+    out->pulls = m->pulls;
+    out->bytes_in = m->bytes_in;
+    out->bytes_out = m->bytes_out;
     return out;
 }
 
@@ -515,6 +519,10 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->count = s->count;
     m->images = s->images;
     m->steps = s->steps;
+    m->pushes = s->pushes;
+    m->pulls = s->pulls;
+    m->bytes_in = s->bytes_in;
+    m->bytes_out = s->bytes_out;
     if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0)
         return -EPROTO;
     return copy_str(m->key, sizeof(m->key), s->key, "key", why);

@@ -157,6 +157,7 @@ typedef enum {
     OMV_SERVER_GATHER,
     OMV_SERVER_END,
     OMV_SERVER_GATHERED,
+    OMV_SERVER_STATS,
     OMV_SERVER_OP_COUNT_
 } omv_server_op_t;
 
@@ -179,6 +180,7 @@ typedef struct {
     int final;
     uint32_t count; /* 4-byte words that follow */
     uint64_t images, steps;
+    uint64_t pushes, pulls, bytes_in, bytes_out; /* STATS */
 } omv_server_msg_t;
 
 typedef struct {

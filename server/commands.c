@@ -60,6 +60,13 @@ static int cmd_workers(omv_daemon_t *d, int argc, char **argv, int json, omv_str
     return 0;
 }
 
+static int cmd_servers(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
+{
+    (void)argc, (void)argv;
+    omv_status_servers(d, reply, json);
+    return 0;
+}
+
 static int cmd_groups(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf_t *reply)
 {
     (void)argc, (void)argv;
@@ -430,6 +437,7 @@ static int cmd_help(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf
 static const command_t commands[] = {
     {"status", NULL, 0, 0, cmd_status},
     {"workers", NULL, 0, 0, cmd_workers},
+    {"servers", NULL, 0, 0, cmd_servers},
     {"groups", NULL, 0, NEEDS_JOB, cmd_groups},
     {"metrics", NULL, 0, NO_JSON, cmd_metrics},
     {"summary", NULL, 0, NEEDS_JOB, cmd_summary},

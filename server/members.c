@@ -31,8 +31,10 @@ void omv_members_destroy(omv_members_t **self_p)
     omv_members_t *self = *self_p;
     if (self == NULL)
         return;
-    for (uint32_t i = 0; i < self->n; i++)
+    for (uint32_t i = 0; i < self->n; i++) {
         omv_members_shm_release(&self->records[i]);
+        free(self->records[i].early);
+    }
     free(self->records);
     free(self);
     *self_p = NULL;
@@ -111,6 +113,7 @@ member_t *omv_members_register(omv_members_t *self, const omv_peer_t *peer, cons
     member_t *m = &self->records[index];
     omv_peer_t job_peer = between_jobs ? old->peer : (omv_peer_t){0};
     omv_members_shm_release(m);
+    free(m->early);
     memset(m, 0, sizeof(*m));
     m->job_peer = job_peer;
     m->used = 1;
@@ -137,6 +140,7 @@ member_t *omv_members_adopt(omv_members_t *self, uint32_t id, const char *host, 
     for (uint32_t k = self->n; k + 1 < id; k++)
         self->records[k].state = MEMBER_DONE; /* ids the coordinator gave others */
     member_t *m = &self->records[id - 1];
+    free(m->early);
     memset(m, 0, sizeof(*m));
     m->used = 1;
     m->state = MEMBER_ALIVE;

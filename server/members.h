@@ -13,6 +13,8 @@
 typedef enum { MEMBER_ALIVE, MEMBER_DEAD, MEMBER_LEFT, MEMBER_IDLE, MEMBER_DONE } member_state_t;
 
 #define OMV_MEMBERS_MAX 1024
+/* Step reports a member may be ahead of its group at the daemon (shard servers). */
+#define OMV_MEMBER_EARLY_MAX 256
 
 typedef struct {
     int used;
@@ -50,9 +52,11 @@ typedef struct {
     uint64_t shm_token;    /* what its Welcome offered; 0: nothing offered */
     uint64_t attach_token; /* the model on shard servers: what its Attach to them carries */
     /* Its reports of steps after its group's current one, which came before the other members'
-     * reports of the current step (they travel on other connections than the gradients). */
-    omv_step_report_t early[4];
-    uint32_t n_early;
+     * reports of the current step: they travel on other connections than the gradients, which
+     * the servers gate, and a worker's connection to the daemon may lag its others by many
+     * steps on a loaded host. A ring, oldest at early_head. */
+    omv_step_report_t *early; /* [OMV_MEMBER_EARLY_MAX] once needed; freed with the record */
+    uint32_t early_head, n_early;
     int shm_on;
     int shm_conn; /* the connection it got them on: it closes when the worker's process goes */
     float *shm_params, *shm_grads;

@@ -244,6 +244,8 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     s->last_seen_ms = omv_time_ms();
     if (msg->type == OMV_MSG_HEARTBEAT) {
         send_to(d, peer, msg);
+    } else if (msg->u.server.op == OMV_SERVER_STATS) {
+        omv_servers_stats(s, &msg->u.server);
     } else if (msg->u.server.op == OMV_SERVER_GATHERED && d->run) {
         size_t bytes;
         const void *payload = omv_router_payload(d->router, &bytes);

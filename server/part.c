@@ -125,9 +125,22 @@ void omv_part_cron(omv_daemon_t *d)
     if (d->server_id == 0 && now - d->up_hello_ms >= HELLO_MS) {
         hello(d);
     } else if (d->server_id != 0 && now - d->up_sent_ms >= HEARTBEAT_MS) {
-        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
-        hb.u.heartbeat.worker_id = d->server_id;
-        up_send(d, &hb);
+        /* Our counters, which are our heartbeat too. */
+        omv_msg_t st = {.type = OMV_MSG_SERVER};
+        omv_server_msg_t *u = &st.u.server;
+        u->op = OMV_SERVER_STATS;
+        u->server_id = d->server_id;
+        if (d->run) {
+            u->first_shard = d->run->part.first;
+            u->last_shard = d->run->part.last;
+            u->images = d->run->images_total;
+            u->steps = d->run->steps_total;
+            u->pushes = d->run->pushes_recorded_total;
+            u->pulls = d->run->serves_total;
+            u->bytes_in = d->run->bytes_in_total;
+            u->bytes_out = d->run->bytes_out_total;
+        }
+        up_send(d, &st);
     }
 }
 

@@ -240,6 +240,8 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
         assign_slices(r);
         tuner_membership(r);
         if (remote(r)) {
+            free(m->early);
+            m->early = NULL;
             m->n_early = 0;
             tell_member(r, m, why == MEMBER_LEFT ? OMV_SERVER_MEMBER_LEFT : OMV_SERVER_MEMBER_DEAD);
             record_early(r); /* its group may have moved on without it */
@@ -621,8 +623,13 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
     uint64_t bit = 1ull << (s % 64);
     if (m->sent[s / 64] & bit)
         return m->sent_n == shard_hi(r) - shard_lo(r);
-    if (m->sent_n == 0)
+    if (m->sent_n == 0) {
         begin_serve(r, m, group, m->parked_step);
+        r->serves_total++;
+    }
+    if (!m->shm_on)
+        r->bytes_out_total += (uint64_t)r->shards->shards[s].count *
+                              (r->job.wire == OMV_WIRE_BF16 ? 2u : 4u);
     /* A worker on this host with its segments gets the values written into them. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
                            .group = group,
@@ -803,6 +810,8 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
         return;
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
     m->last_push_ms = omv_time_ms();
+    if (p->wire != OMV_WIRE_SHM)
+        r->bytes_in_total += (uint64_t)p->count * (p->wire == OMV_WIRE_BF16 ? 2u : 4u);
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
      * back as a refusal and stays out of the sum. The step goes on either way. */
     omv_payload_t payload, *pl = &payload;
@@ -1643,11 +1652,11 @@ static void record_early(omv_run_t *r)
             member_t *o = &r->env.members->records[i];
             if (o->n_early == 0 || o->state != MEMBER_ALIVE)
                 continue;
-            if (omv_groups_check_push(r->groups, o->slot, o->early[0].step, 0, why) !=
-                OMV_REFUSE_NONE)
+            omv_step_report_t e = o->early[o->early_head];
+            if (omv_groups_check_push(r->groups, o->slot, e.step, 0, why) != OMV_REFUSE_NONE)
                 continue;
-            omv_step_report_t e = o->early[0];
-            memmove(o->early, o->early + 1, --o->n_early * sizeof(e));
+            o->early_head = (o->early_head + 1) % OMV_MEMBER_EARLY_MAX;
+            o->n_early--;
             record_report(r, o, &e);
             again = 1;
         }
@@ -1675,10 +1684,14 @@ void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
                  omv_run_state_names[r->state]);
     int g = omv_groups_of(r->groups, m->slot);
     uint64_t clock = g >= 0 ? omv_groups_clock(r->groups, (uint32_t)g) : 0;
-    if (code == OMV_REFUSE_STEP && g >= 0 && rep->step > clock &&
-        rep->step <= clock + OMV_ARRAY_SIZE(m->early) && m->n_early < OMV_ARRAY_SIZE(m->early) &&
-        (m->n_early == 0 || rep->step > m->early[m->n_early - 1].step)) {
-        m->early[m->n_early++] = *rep; /* the others' reports of the current step are late */
+    uint32_t last = (m->early_head + m->n_early + OMV_MEMBER_EARLY_MAX - 1) % OMV_MEMBER_EARLY_MAX;
+    if (code == OMV_REFUSE_STEP && m->early == NULL)
+        m->early = calloc(OMV_MEMBER_EARLY_MAX, sizeof(*m->early));
+    if (code == OMV_REFUSE_STEP && m->early && g >= 0 && rep->step > clock &&
+        rep->step <= clock + OMV_MEMBER_EARLY_MAX && m->n_early < OMV_MEMBER_EARLY_MAX &&
+        (m->n_early == 0 || rep->step > m->early[last].step)) {
+        /* The others' reports of the current step are late: this one waits for them. */
+        m->early[(m->early_head + m->n_early++) % OMV_MEMBER_EARLY_MAX] = *rep;
         m->last_push_ms = omv_time_ms();
         return;
     }

@@ -98,6 +98,8 @@ typedef struct {
     uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
     uint64_t regroups_total;
     uint64_t pushes_recorded_total; /* gradients recorded in the groups' bookkeeping */
+    uint64_t bytes_in_total, bytes_out_total; /* gradients taken, parameters sent (sockets) */
+    uint64_t serves_total;                    /* steps' parameters sent to members */
     omv_reconfig_t reconfig;        /* applied when every group is between steps */
 
     omv_eval_t eval;

@@ -75,6 +75,24 @@ void omv_servers_send_run(omv_servers_t *self, omv_router_t *router, uint64_t ru
             omv_servers_send(self, router, &self->rec[i], msg, NULL);
 }
 
+void omv_servers_stats(omv_server_t *s, const omv_server_msg_t *st)
+{
+    int64_t now = omv_time_ms();
+    double dt = s->stats_ms ? (double)(now - s->stats_ms) / 1000.0 : 0;
+    const omv_server_msg_t *o = &s->stats;
+    if (dt > 0 && st->bytes_in >= o->bytes_in && st->bytes_out >= o->bytes_out &&
+        st->steps >= o->steps && st->pushes >= o->pushes) {
+        s->in_per_s = (double)(st->bytes_in - o->bytes_in) / dt;
+        s->out_per_s = (double)(st->bytes_out - o->bytes_out) / dt;
+        s->applies_per_s = (double)(st->steps - o->steps) / dt;
+        s->pushes_per_s = (double)(st->pushes - o->pushes) / dt;
+    } else {
+        s->in_per_s = s->out_per_s = s->applies_per_s = s->pushes_per_s = 0;
+    }
+    s->stats = *st;
+    s->stats_ms = now;
+}
+
 void omv_servers_release(omv_servers_t *self, uint64_t run_id)
 {
     for (uint32_t i = 0; i < self->n; i++)

@@ -22,6 +22,10 @@ typedef struct {
     uint64_t bytes_out;   /* sent to it: assignments */
     uint64_t bytes_in;    /* from it: gathered ranges */
     uint64_t gathers;     /* ranges it sent */
+    /* What it last said of its part (STATS), and per second since the report before. */
+    omv_server_msg_t stats;
+    int64_t stats_ms;
+    double in_per_s, out_per_s, applies_per_s, pushes_per_s;
 } omv_server_t;
 
 /* Ids are index + 1. */
@@ -50,5 +54,7 @@ int omv_servers_send(omv_servers_t *self, omv_router_t *router, omv_server_t *s,
 /* Sends msg to every live server that holds a part of run_id. */
 void omv_servers_send_run(omv_servers_t *self, omv_router_t *router, uint64_t run_id,
                           const omv_msg_t *msg);
+/* Takes a server's STATS (its counters), and works out its rates. */
+void omv_servers_stats(omv_server_t *s, const omv_server_msg_t *st);
 /* The run is over: its servers are free again. */
 void omv_servers_release(omv_servers_t *self, uint64_t run_id);

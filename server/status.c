@@ -237,6 +237,61 @@ void omv_status_workers(const omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_end(&kv);
 }
 
+static void server_section(const omv_daemon_t *d, const omv_server_t *s, uint32_t id,
+                           int64_t now, omv_kv_t *kv)
+{
+    char name[32];
+    snprintf(name, sizeof(name), "server %u", id);
+    omv_kv_section(kv, name);
+    omv_kv_str(kv, "host", s->host);
+    omv_kv_int(kv, "pid", s->pid);
+    omv_kv_str(kv, "endpoint", s->endpoint);
+    omv_kv_str(kv, "state", s->alive ? "alive" : "gone");
+    omv_kv_str(kv, "curve", s->public_key[0] ? "yes" : "no");
+    int holds = s->run_id != 0 && d->run && d->run->id == s->run_id;
+    omv_kv_str(kv, "role", holds ? "primary" : "free"); /* no replicas yet */
+    omv_kv_int(kv, "job", holds ? (int64_t)s->run_id : 0);
+    omv_kv_int(kv, "first_shard", holds ? s->first : 0);
+    omv_kv_int(kv, "last_shard", holds ? s->last : 0);
+    uint32_t lo = holds ? d->run->shards->offsets[s->first] : 0;
+    uint32_t hi = holds ? d->run->shards->offsets[s->last] : 0;
+    omv_kv_int(kv, "parameters", hi - lo);
+    omv_kv_int(kv, "steps_applied", (int64_t)s->stats.steps);
+    omv_kv_int(kv, "gradients_total", (int64_t)s->stats.pushes);
+    omv_kv_int(kv, "serves_total", (int64_t)s->stats.pulls);
+    omv_kv_int(kv, "bytes_in_total", (int64_t)s->stats.bytes_in);
+    omv_kv_int(kv, "bytes_out_total", (int64_t)s->stats.bytes_out);
+    omv_kv_double(kv, "bytes_in_per_second", s->in_per_s, 0);
+    omv_kv_double(kv, "bytes_out_per_second", s->out_per_s, 0);
+    omv_kv_double(kv, "applies_per_second", s->applies_per_s, 1);
+    omv_kv_double(kv, "gradients_per_second", s->pushes_per_s, 1);
+    omv_kv_int(kv, "gathers_total", (int64_t)s->gathers);
+    omv_kv_int(kv, "last_seen_ms", now - s->last_seen_ms);
+}
+
+void omv_status_servers(const omv_daemon_t *d, omv_strbuf_t *out, int json)
+{
+    omv_kv_t kv;
+    omv_kv_begin(&kv, out, json);
+    if (d->shard_role) {
+        omv_kv_section(&kv, "shard server");
+        omv_kv_str(&kv, "coordinator", d->cfg.coordinator);
+        omv_kv_str(&kv, "advertise", d->advertise);
+        omv_kv_int(&kv, "server_id", d->server_id);
+        omv_kv_str(&kv, "registered", d->server_id ? "yes" : "no");
+        omv_kv_int(&kv, "job", d->run ? (int64_t)d->run->id : 0);
+        omv_kv_int(&kv, "first_shard", d->run ? d->run->part.first : 0);
+        omv_kv_int(&kv, "last_shard", d->run ? d->run->part.last : 0);
+        omv_kv_int(&kv, "bytes_in_total", d->run ? (int64_t)d->run->bytes_in_total : 0);
+        omv_kv_int(&kv, "bytes_out_total", d->run ? (int64_t)d->run->bytes_out_total : 0);
+    }
+    int64_t now = omv_time_ms();
+    for (uint32_t i = 0; !d->shard_role && i < d->servers.n; i++)
+        if (d->servers.rec[i].used)
+            server_section(d, &d->servers.rec[i], i + 1, now, &kv);
+    omv_kv_end(&kv);
+}
+
 /* Whether live trainer m is in group g now (those joining with the next step included). */
 static int member_in_group(const omv_run_t *r, const member_t *m, uint32_t g)
 {

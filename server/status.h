@@ -7,6 +7,9 @@
 
 void omv_status_status(const omv_daemon_t *d, omv_strbuf_t *out, int json);
 void omv_status_workers(const omv_daemon_t *d, omv_strbuf_t *out, int json);
+/* The shard servers: a coordinator's, each with its part, role and traffic; a shard server's
+ * own link to its coordinator. */
+void omv_status_servers(const omv_daemon_t *d, omv_strbuf_t *out, int json);
 void omv_status_groups(const omv_daemon_t *d, omv_strbuf_t *out, int json);
 void omv_status_summary(const omv_daemon_t *d, omv_strbuf_t *out, int json);
 void omv_status_jobs(const omv_daemon_t *d, omv_strbuf_t *out, int json);

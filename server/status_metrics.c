@@ -133,6 +133,40 @@ static void group_metrics(const omv_run_t *r, omv_strbuf_t *out)
                           omv_groups_live(r->groups, g));
 }
 
+/* One sample per shard server of a coordinator, labelled by its id and endpoint. */
+static void server_metric(const omv_daemon_t *d, omv_strbuf_t *out, const char *name,
+                          const char *type, const char *help, int what)
+{
+    metric_head(out, name, type, help);
+    for (uint32_t i = 0; i < d->servers.n; i++) {
+        const omv_server_t *s = &d->servers.rec[i];
+        if (!s->used)
+            continue;
+        omv_strbuf_printf(out, "%s{server=\"%u\",endpoint=\"", name, i + 1);
+        label_value(out, s->endpoint);
+        omv_strbuf_printf(out, "\"}");
+        double v = what == 0   ? s->alive
+                   : what == 1 ? (double)s->stats.bytes_in
+                   : what == 2 ? (double)s->stats.bytes_out
+                               : (double)s->stats.steps;
+        metric_value(out, v);
+    }
+}
+
+static void server_metrics(const omv_daemon_t *d, omv_strbuf_t *out)
+{
+    if (d->servers.n == 0)
+        return;
+    server_metric(d, out, "omnivore_server_up", "gauge", "Whether the shard server is alive.",
+                  0);
+    server_metric(d, out, "omnivore_server_bytes_in_total", "counter",
+                  "Gradient bytes the shard server took from workers in the current job.", 1);
+    server_metric(d, out, "omnivore_server_bytes_out_total", "counter",
+                  "Parameter bytes the shard server sent workers in the current job.", 2);
+    server_metric(d, out, "omnivore_server_steps_applied_total", "counter",
+                  "Group steps the shard server applied on its shards in the current job.", 3);
+}
+
 void omv_status_metrics(const omv_daemon_t *d, omv_strbuf_t *out)
 {
     static const omv_run_t idle = {.state = JOB_IDLE};
@@ -140,4 +174,5 @@ void omv_status_metrics(const omv_daemon_t *d, omv_strbuf_t *out)
     job_metrics(d, r, out);
     member_metrics(d, r, out);
     group_metrics(r, out);
+    server_metrics(d, out);
 }

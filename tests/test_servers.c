@@ -151,14 +151,16 @@ static double train_on_one(omv_checkpoint_t *ck)
 /* Prints the processes' logs (on stderr, for a failing test's record). */
 static void dump_logs(int n)
 {
-    char log[700], text[8192];
+    static char text[1 << 16];
+    char log[700];
     for (int i = -1; i < n; i++) {
         if (i < 0)
             snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
         else
             snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
         read_file(log, text, sizeof(text));
-        fprintf(stderr, "==== %s\n%s\n", log, text);
+        size_t len = strlen(text);
+        fprintf(stderr, "==== %s\n%s\n", log, len > 6000 ? text + len - 6000 : text);
     }
 }
 
@@ -290,6 +292,25 @@ START_TEST(test_server_lost_fails_job)
     pid_t s[2] = {start_shard(0), start_shard(1)};
     pid_t w[2] = {start_worker("trainer"), start_worker("trainer")};
     wait_status("steps_total", 50, 60000);
+    /* `omnivorectl servers`: both primaries, their shards in order, their traffic (each says
+     * every second). */
+    omv_strbuf_t srv;
+    omv_strbuf_init(&srv);
+    int64_t until = omv_time_ms() + 10000; /* rates need two reports */
+    do {
+        sleep_ms(200);
+        control("servers", &srv);
+    } while (!(field(omv_strbuf_str(&srv), "applies_per_second") > 0) && omv_time_ms() < until);
+    const char *t = omv_strbuf_str(&srv);
+    const char *two = strstr(t, "# server 2");
+    ck_assert_msg(two != NULL && has_text(t, "# server 1\n"), "%s", t);
+    ck_assert_msg(field(t, "first_shard") == 0 && field(two, "first_shard") == field(t, "last_shard"),
+                  "%s", t);
+    ck_assert_msg(field(two, "last_shard") == 2, "%s", t);
+    ck_assert_msg(field(t, "bytes_in_total") > 0 && field(two, "bytes_out_total") > 0, "%s", t);
+    ck_assert_msg(field(t, "applies_per_second") > 0 && field(t, "steps_applied") >= 50, "%s", t);
+    ck_assert_msg(has_text(t, "\nrole:primary\n") && has_text(two, "\nstate:alive\n"), "%s", t);
+    omv_strbuf_fini(&srv);
     kill(s[1], SIGKILL);
     waitpid(s[1], NULL, 0);
     omv_strbuf_t body;

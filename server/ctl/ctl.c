@@ -47,7 +47,7 @@ static const struct {
     {"metrics", ARG_NONE},    {"summary", ARG_NONE},  {"history", ARG_NONE},
     {"checkpoint", ARG_NONE}, {"shutdown", ARG_NONE}, {"regroup", ARG_GROUPS},
     {"optimizer", ARG_NONE},  {"jobs", ARG_NONE},     {"stop", ARG_JOB},
-    {"reload", ARG_NONE},
+    {"reload", ARG_NONE},     {"servers", ARG_NONE},
 };
 
 static int takes(arg_kind_t kind, const char *word)

@@ -31,6 +31,7 @@ void omv_ctl_usage(FILE *out)
         "Commands for a running omnivored:\n"
         "  status      daemon, job progress, cluster and refusal counters\n"
         "  workers     every registered worker\n"
+        "  servers     the shard servers: each one's shards, role and traffic\n"
         "  groups      every compute group: clock, live members and their worker ids\n"
         "  metrics     every counter and gauge in Prometheus text format (no --json)\n"
         "  watch       repeat status (or COMMAND) every S seconds (default 2), in place on a\n"

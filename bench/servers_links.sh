@@ -1,0 +1,131 @@
+#!/bin/sh
+# The model on shard servers, over real links: a head (the coordinator), up to 4 shard-server
+# hosts and 2 worker hosts in network namespaces, each joined to a switch namespace by its own
+# veth, every veth shaped by tc tbf on both ends (the head's too). The Fashion-MNIST MLP
+# (784-HIDDEN-10: 256 is the example, 1280 is a 4 MB model), 64 images per worker in one
+# synchronous group, bf16: images/s with the head holding the model (servers 0) and with it on
+# 1, 2 and 4 shard servers of their own, next to PyTorch DDP with one rank per worker host
+# (gloo) on the same links, when python3-torch is there. Medians of RUNS interleaved runs.
+# Needs root (skips otherwise).
+# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS from
+# the environment)
+set -eu
+build=${1:-build}
+RUNS=${RUNS:-3} RATES=${RATES:-"1gbit 200mbit"} SERVERS=${SERVERS:-"0 1 2 4"}
+HIDDEN=${HIDDEN:-256} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2} SHARDS=${SHARDS:-8}
+ctl=$build/server/omnivorectl daemon=$build/server/omnivored worker=$build/worker/omnivore-worker
+data=/usr/share/datasets/fashion-mnist
+[ "$(id -u)" -eq 0 ] || { echo "skipped: needs root for network namespaces"; exit 0; }
+[ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "skipped: no $data"; exit 0; }
+p=omvs$$
+hosts="head s1 s2 s3 s4 w1 w2"
+tmp=$(mktemp -d)
+pids=""
+stop_all() {
+    for q in $pids; do kill "$q" 2>/dev/null || true; done
+    for q in $pids; do wait "$q" 2>/dev/null || true; done
+    pids=""
+}
+cleanup() {
+    stop_all
+    for h in sw $hosts; do ip netns del "$p-$h" 2>/dev/null || true; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+addr() { case $1 in head) echo 1 ;; s*) echo $((10 + ${1#s})) ;; w*) echo $((20 + ${1#w})) ;; esac; }
+ip netns add "$p-sw"
+ip -n "$p-sw" link add br0 type bridge
+ip -n "$p-sw" link set br0 up
+for h in $hosts; do
+    ip netns add "$p-$h"
+    ip link add "$p$h" netns "$p-sw" type veth peer name eth0 netns "$p-$h"
+    ip -n "$p-sw" link set "$p$h" master br0 up
+    ip -n "$p-$h" addr add "10.79.0.$(addr "$h")/24" dev eth0
+    ip -n "$p-$h" link set eth0 up
+    ip -n "$p-$h" link set lo up
+done
+shape() { # every host's link, both ends
+    case $RATE in 1gbit) burst=128kb ;; 200mbit) burst=32kb ;; *) burst=64kb ;; esac
+    for h in $hosts; do
+        for end in "$p-$h eth0" "$p-sw $p$h"; do
+            # shellcheck disable=SC2086
+            set -- $end
+            tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
+            [ "$RATE" = unshaped ] ||
+                tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst $burst latency 50ms
+        done
+    done
+}
+on() { h=$1 log=$2; shift 2; ip netns exec "$p-$h" "$@" >"$log" 2>&1 & pids="$pids $!"; }
+val() { sed -n "s/^$1://p" "$tmp/status" | head -1; }
+one_run() { # one_run SERVERS: prints "images_per_second test_accuracy"
+    n=$1 sock=$tmp/c.sock
+    rm -rf "$tmp/state" && mkdir "$tmp/state"
+    on head "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
+        --endpoint tcp://10.79.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
+        --log-level warn --curve no --set cluster.servers="$n" \
+        --set cluster.shards="$SHARDS" --set model.layers="784 $HIDDEN 10" \
+        --set train.batch_size=128 --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" \
+        --set eval.every_epochs=0 --set checkpoint.every_s=0
+    k=0
+    until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
+        k=$((k + 1)); [ $k -lt 100 ] || { echo "omnivored did not start:" >&2; cat "$tmp/d.log" >&2; exit 1; }; sleep 0.1
+    done
+    for i in $(seq "$n"); do
+        on "s$i" "$tmp/s$i.log" "$daemon" --role shard --coordinator tcp://10.79.0.1:5555 \
+            --endpoint "tcp://10.79.0.$(addr "s$i"):5556" --control "$tmp/s$i.sock" \
+            --state-dir "$tmp/state" --log-level warn --curve no
+    done
+    on w1 "$tmp/w1.log" "$worker" --server tcp://10.79.0.1:5555
+    on w2 "$tmp/w2.log" "$worker" --server tcp://10.79.0.1:5555
+    on w2 "$tmp/ev.log" "$worker" --server tcp://10.79.0.1:5555 --role evaluator
+    k=0
+    while "$ctl" --socket "$sock" status >"$tmp/status" 2>/dev/null; do
+        [ "$(val state)" = done ] && break
+        [ "$(val state)" != failed ] || { echo "job failed:" >&2; cat "$tmp/status" "$tmp/d.log" >&2; exit 1; }
+        k=$((k + 1)); [ $k -lt 2400 ] || { echo "run did not end" >&2; exit 1; }; sleep 0.25
+    done
+    echo "$(val images_per_second) $(val test_accuracy)"
+    "$ctl" --socket "$sock" shutdown >/dev/null 2>&1 || true
+    stop_all
+}
+ddp_run() {
+    port=$((29500 + $$ % 400))
+    ip netns exec "$p-w2" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py --rank 1 \
+        --procs 2 --master 10.79.0.21:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
+        --hidden "$HIDDEN" --eval-every 1000 >"$tmp/ddp1.log" 2>&1 &
+    r1=$!
+    ip netns exec "$p-w1" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py --rank 0 \
+        --procs 2 --master 10.79.0.21:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
+        --hidden "$HIDDEN" --eval-every 1000 2>"$tmp/ddp0.log" | tail -1 |
+        sed -n 's/.*"images_per_second": \([0-9.]*\).*/\1/p'
+    wait "$r1" || true
+}
+have_ddp=0
+/usr/bin/python3 -c 'import torch' 2>/dev/null && have_ddp=1
+[ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
+median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, 2 workers x 64 images, bf16, $LIMIT images x $EPOCHS epochs; every link shaped"
+printf '%-8s %-10s %12s %10s\n' link servers images/s accuracy
+json="{"
+for RATE in $RATES; do
+    shape
+    : >"$tmp/ddp"
+    for n in $SERVERS; do : >"$tmp/r$n"; done
+    for r in $(seq "$RUNS"); do
+        for n in $SERVERS; do one_run "$n" >>"$tmp/r$n"; done
+        [ $have_ddp = 0 ] || ddp_run >>"$tmp/ddp"
+    done
+    for n in $SERVERS; do
+        ips=$(cut -d' ' -f1 "$tmp/r$n" | median) acc=$(cut -d' ' -f2 "$tmp/r$n" | median)
+        printf '%-8s %-10s %12s %10s\n' "$RATE" "$n" "$ips" "$acc"
+        json="$json\"${RATE}_servers_$n\":{\"images_per_second\":$ips,\"test_accuracy\":$acc},"
+    done
+    if [ -s "$tmp/ddp" ]; then
+        ips=$(median <"$tmp/ddp")
+        printf '%-8s %-10s %12s %10s\n' "$RATE" ddp "$ips" -
+        json="$json\"${RATE}_ddp\":{\"images_per_second\":$ips},"
+    fi
+done
+echo "${json%,}}"
