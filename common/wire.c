@@ -43,7 +43,8 @@ static const char *const refuse_names[] = {
 };
 
 static const char *const server_op_names[] = {"assign", "member",   "start", "gather",
-                                              "end",    "gathered", "stats"};
+                                              "end",    "gathered", "stats", "freeze",
+                                              "frozen", "cut",      "resume"};
 
 const char *omv_server_op_name(omv_server_op_t op)
 {
@@ -284,6 +285,7 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->pulls = m->pulls;
     out->bytes_in = m->bytes_in;
     out->bytes_out = m->bytes_out;
+    out->adam_steps = m->adam_steps;
     return out;
 }
 
@@ -523,6 +525,7 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->pulls = s->pulls;
     m->bytes_in = s->bytes_in;
     m->bytes_out = s->bytes_out;
+    m->adam_steps = s->adam_steps;
     if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0)
         return -EPROTO;
     return copy_str(m->key, sizeof(m->key), s->key, "key", why);

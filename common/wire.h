@@ -158,6 +158,10 @@ typedef enum {
     OMV_SERVER_END,
     OMV_SERVER_GATHERED,
     OMV_SERVER_STATS,
+    OMV_SERVER_FREEZE,
+    OMV_SERVER_FROZEN,
+    OMV_SERVER_CUT,
+    OMV_SERVER_RESUME,
     OMV_SERVER_OP_COUNT_
 } omv_server_op_t;
 
@@ -181,6 +185,7 @@ typedef struct {
     uint32_t count; /* 4-byte words that follow */
     uint64_t images, steps;
     uint64_t pushes, pulls, bytes_in, bytes_out; /* STATS */
+    uint64_t adam_steps;
 } omv_server_msg_t;
 
 typedef struct {

@@ -246,6 +246,8 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         send_to(d, peer, msg);
     } else if (msg->u.server.op == OMV_SERVER_STATS) {
         omv_servers_stats(s, &msg->u.server);
+    } else if (msg->u.server.op == OMV_SERVER_FROZEN && d->run) {
+        omv_run_frozen(d->run, s, &msg->u.server);
     } else if (msg->u.server.op == OMV_SERVER_GATHERED && d->run) {
         size_t bytes;
         const void *payload = omv_router_payload(d->router, &bytes);

@@ -148,7 +148,7 @@ void omv_part_cron(omv_daemon_t *d)
 static void on_assign(omv_daemon_t *d, const omv_server_msg_t *a, const void *payload, size_t bytes)
 {
     size_t job_words = (sizeof(omv_job_t) + 3) / 4;
-    if (a->job_bytes != sizeof(omv_job_t) || bytes < job_words * 4 || (bytes / 4 - job_words) % 2) {
+    if (a->job_bytes != sizeof(omv_job_t) || bytes < job_words * 4) {
         omv_log_error("the coordinator's job is %u bytes, ours %zu (another build of "
                       "omnivored?): refused",
                       a->job_bytes, sizeof(omv_job_t));
@@ -157,6 +157,13 @@ static void on_assign(omv_daemon_t *d, const omv_server_msg_t *a, const void *pa
     drop_part(d, "the coordinator assigns another");
     omv_job_t job;
     memcpy(&job, payload, sizeof(job));
+    /* Parameters and momentum, and Adam's second moments. */
+    size_t arrays = job.update == OMV_JOB_UPDATE_SGD ? 2 : 3;
+    if ((bytes / 4 - job_words) % arrays) {
+        omv_log_error("the coordinator's range of %zu bytes is not %zu arrays: refused", bytes,
+                      arrays);
+        return;
+    }
     job.name[sizeof(job.name) - 1] = '\0';
     job.model_text[sizeof(job.model_text) - 1] = '\0';
     omv_run_part_t part = {d->server_id, a->first_shard, a->last_shard, a->train_count};
@@ -169,9 +176,10 @@ static void on_assign(omv_daemon_t *d, const omv_server_msg_t *a, const void *pa
     d->run = omv_run_new(&env, &job, "(from the coordinator)", "", a->gather_id);
     if (d->run == NULL)
         return;
-    size_t count = (bytes / 4 - job_words) / 2;
+    size_t count = (bytes / 4 - job_words) / arrays;
     const float *v = (const float *)payload + job_words;
-    if (omv_run_part_load(d->run, v, v + count, count) < 0) {
+    if (omv_run_part_load(d->run, v, v + count, arrays == 3 ? v + 2 * count : NULL, a->adam_steps,
+                          count) < 0) {
         omv_log_error("the coordinator sent %zu parameters for shards [%u, %u): they do not fit",
                       count, a->first_shard, a->last_shard);
         omv_run_destroy(&d->run);
@@ -222,6 +230,18 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
         break;
     case OMV_SERVER_END:
         drop_part(d, "the job is over");
+        break;
+    case OMV_SERVER_FREEZE:
+        if (d->run)
+            omv_run_part_freeze(d->run, u->gather_id);
+        break;
+    case OMV_SERVER_CUT:
+        if (d->run)
+            omv_run_part_cut(d->run, u->gather_id, u->clocks, u->n_groups);
+        break;
+    case OMV_SERVER_RESUME:
+        if (d->run)
+            omv_run_part_resume(d->run);
         break;
     default:
         omv_log_warn("ignoring %s from the coordinator", omv_server_op_name(u->op));

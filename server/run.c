@@ -22,6 +22,8 @@ const char *const omv_run_state_names[] = {"waiting", "running", "finishing", "d
 static void finish_stop(omv_run_t *r);
 static void request_eval(omv_run_t *r);
 static void record_early(omv_run_t *r);
+static void cut_checkpoint(omv_run_t *r);
+static void part_cut_check(omv_run_t *r);
 
 /* A coordinator whose job's model is on shard servers. */
 static int remote(const omv_run_t *r)
@@ -255,19 +257,30 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
 
 /* Asks the job's shard servers for their ranges (final: once the job's last step is in);
  * omv_run_gathered puts them in the shards and goes on with the evaluation. */
-static void fetch_model(omv_run_t *r, int final)
+/* Room for the servers' ranges. Returns 0 or -ENOMEM (logged). */
+static int fetch_buffers(omv_run_t *r)
 {
-    if (r->fetch_left > 0 && (r->fetch_final || !final))
-        return; /* one is under way already */
     size_t n = r->layout.param_count ? r->layout.param_count : 1;
     if (r->fetch_params == NULL) {
         r->fetch_params = malloc(n * sizeof(float));
         r->fetch_velocity = malloc(n * sizeof(float));
-        if (r->fetch_params == NULL || r->fetch_velocity == NULL) {
-            omv_log_error("no memory to gather the model from the shard servers");
-            return;
-        }
+        if (r->shards->adam)
+            r->fetch_second = malloc(n * sizeof(float));
     }
+    if (r->fetch_params == NULL || r->fetch_velocity == NULL ||
+        (r->shards->adam && r->fetch_second == NULL)) {
+        omv_log_error("no memory to gather the model from the shard servers");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+static void fetch_model(omv_run_t *r, int final)
+{
+    if (r->cut_phase != 0 || (r->fetch_left > 0 && (r->fetch_final || !final)))
+        return; /* one is under way already, or the cut brings the model */
+    if (fetch_buffers(r) < 0)
+        return;
     r->fetch_id++;
     r->fetch_left = r->n_servers;
     r->fetch_final = final;
@@ -351,11 +364,10 @@ static int write_checkpoint(omv_run_t *r)
         .tuner = r->tuner,
     };
     r->ckpt_forced = 0;
-    if (remote(r) && !r->fetched_final) {
+    if (remote(r) && !r->fetched_final && !r->cut_ready) {
         r->ckpt.due = 0;
         r->ckpt.failed_total++;
-        omv_log_warn("no checkpoint: the model is on shard servers and only the final one is "
-                     "written so far");
+        omv_log_warn("no checkpoint: the model is on shard servers and no cut of it is in");
         return -ENOTSUP;
     }
     if ((omv_tuner_probing(r->tuner) || (r->reconfig.pending && r->reconfig.restore)) &&
@@ -387,11 +399,70 @@ static int write_checkpoint(omv_run_t *r)
     return omv_run_ckpt_write(&r->ckpt, &v);
 }
 
+/* Whether the reports of every step in the cut are in (none can be beyond it: the servers
+ * hold the next steps back). */
+static int cut_caught_up(const omv_run_t *r)
+{
+    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
+        if (omv_groups_live(r->groups, g) > 0 && omv_groups_clock(r->groups, g) < r->cut_clocks[g])
+            return 0;
+    return 1;
+}
+
+static void send_cut_op(omv_run_t *r, omv_server_op_t op)
+{
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = op;
+    u->gather_id = r->cut_id;
+    if (op == OMV_SERVER_CUT) {
+        u->n_groups = omv_groups_count(r->groups);
+        for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
+            u->clocks[g] = r->cut_clocks[g];
+    }
+    omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
+}
+
+/* The model on shard servers: a checkpoint is a consistent cut. The servers stop beginning
+ * steps and say which they began; each then finishes the most any began and sends its range;
+ * once the reports of those steps are in too, the daemon writes the checkpoint as one daemon
+ * would, and the servers go on. */
+static void cut_checkpoint(omv_run_t *r)
+{
+    if (!r->ckpt.due || !r->ckpt.enabled || r->state != JOB_RUNNING)
+        return;
+    if (r->cut_phase == 0 && fetch_buffers(r) == 0) {
+        r->cut_phase = 1;
+        r->cut_id = ++r->fetch_id;
+        r->cut_left = r->n_servers;
+        r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */
+        memset(r->cut_clocks, 0, r->max_groups * sizeof(uint64_t));
+        send_cut_op(r, OMV_SERVER_FREEZE);
+        return;
+    }
+    if (r->cut_phase != 3 || !cut_caught_up(r))
+        return;
+    r->cut_ready = 1;
+    write_checkpoint(r);
+    r->cut_ready = 0;
+    r->cut_phase = 0;
+    send_cut_op(r, OMV_SERVER_RESUME);
+    r->fetch_fresh = 1; /* an evaluation that waited may take this model */
+    if (r->eval.wanted) {
+        r->eval.wanted = 0;
+        request_eval(r);
+    }
+}
+
 /* Writes a due checkpoint when no group is half-way through applying a step. During a probe the
  * shards hold a probe's model: wait for the phase, not to stall a probe (its timing counts),
  * unless one was asked for by hand, which takes the search's base instead. */
 static void checkpoint_if_due(omv_run_t *r)
 {
+    if (remote(r)) {
+        cut_checkpoint(r);
+        return;
+    }
     if (r->ckpt.due && r->ckpt.enabled && omv_groups_settled(r->groups) &&
         (!omv_tuner_probing(r->tuner) || r->ckpt_forced))
         write_checkpoint(r);
@@ -628,8 +699,8 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
         r->serves_total++;
     }
     if (!m->shm_on)
-        r->bytes_out_total += (uint64_t)r->shards->shards[s].count *
-                              (r->job.wire == OMV_WIRE_BF16 ? 2u : 4u);
+        r->bytes_out_total +=
+            (uint64_t)r->shards->shards[s].count * (r->job.wire == OMV_WIRE_BF16 ? 2u : 4u);
     /* A worker on this host with its segments gets the values written into them. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
                            .group = group,
@@ -662,10 +733,12 @@ static void send_params(omv_run_t *r, member_t *m)
  * waits for a step boundary, nor when the bound or a joining member says wait. */
 static void serve_early(omv_run_t *r, uint32_t group, uint32_t s)
 {
-    if (r->state != JOB_RUNNING || r->reconfig.pending)
+    /* Once the job has its images no step begins: the one that reached them was the last. */
+    if (r->state != JOB_RUNNING || r->reconfig.pending || r->images_total >= r->target_images)
         return;
     uint64_t next = omv_groups_clock(r->groups, group) + 1;
-    if (!omv_groups_may_read_next(r->groups, group, next))
+    if (!omv_groups_may_read_next(r->groups, group, next) ||
+        (r->frozen && next >= r->cut_clocks[group]))
         return;
     for (uint32_t i = 0; i < r->env.members->n; i++) {
         member_t *m = &r->env.members->records[i];
@@ -680,6 +753,8 @@ static void serve_early(omv_run_t *r, uint32_t group, uint32_t s)
  * that began their step may finish it; the others wait for the change. */
 static void serve_parked(omv_run_t *r)
 {
+    if (r->images_total >= r->target_images)
+        return; /* the job's end: no step begins */
     int holding = r->reconfig.pending && !try_reconfig(r);
     for (uint32_t i = 0; i < r->env.members->n; i++) {
         member_t *m = &r->env.members->records[i];
@@ -688,6 +763,8 @@ static void serve_parked(omv_run_t *r)
         int g = omv_groups_of(r->groups, m->slot);
         if (holding && (g < 0 || !omv_reconfig_group_begun(r->groups, r->env.members, (uint32_t)g)))
             continue;
+        if (r->frozen && g >= 0 && m->parked_step >= r->cut_clocks[g])
+            continue; /* a cut: no step begins past it */
         if (g >= 0 && omv_groups_may_begin(r->groups, (uint32_t)g, m->parked_step)) {
             send_params(r, m);
         }
@@ -932,6 +1009,12 @@ static void finishing(omv_run_t *r)
         return;
     }
     omv_log_info("training finished after %.1f s; final evaluation", omv_run_train_seconds(r));
+    if (remote(r) && r->cut_phase != 0) {
+        /* The final model comes by a final gather; the servers stop holding steps back. */
+        send_cut_op(r, OMV_SERVER_RESUME);
+        r->cut_phase = 0;
+    }
+    r->fetch_fresh = 0; /* what came before is not the final model */
     request_eval(r);
 }
 
@@ -961,6 +1044,8 @@ static void progress_running(omv_run_t *r)
 
 void omv_run_progress(omv_run_t *r)
 {
+    if (r->is_part)
+        part_cut_check(r);
     if (r->state == JOB_RUNNING)
         progress_running(r);
     if (r->state == JOB_FINISHING && remote(r) && !r->fetched_final) {
@@ -1394,7 +1479,9 @@ static int setup_model(omv_run_t *r)
     r->group_loss_sum = calloc(r->max_groups, sizeof(double));
     r->group_loss_n = calloc(r->max_groups, sizeof(uint32_t));
     r->group_planned = calloc(r->max_groups, sizeof(uint64_t));
-    if (!r->group_images || !r->group_loss_sum || !r->group_loss_n || !r->group_planned)
+    r->cut_clocks = calloc(r->max_groups, sizeof(uint64_t));
+    if (!r->group_images || !r->group_loss_sum || !r->group_loss_n || !r->group_planned ||
+        !r->cut_clocks)
         return -ENOMEM;
     r->shards = omv_shardset_new(r->env.router, r->env.refusals, &r->layout, (uint32_t)j->shards,
                                  r->max_groups, (uint64_t)j->seed, j->update != OMV_JOB_UPDATE_SGD);
@@ -1452,13 +1539,6 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
         r->part = *env->part;
         r->env.part = NULL;
     }
-    if (remote(r) && (r->job.checkpoint_every_s > 0 || r->job.checkpoint_every_steps > 0)) {
-        omv_log_warn("job '%s': [cluster] servers = %lld: checkpoints while training are not "
-                     "built yet for a model on shard servers; only the final one is written",
-                     job->name, (long long)job->servers);
-        r->job.checkpoint_every_s = 0;
-        r->job.checkpoint_every_steps = 0;
-    }
     r->state = JOB_WAITING;
     r->load_s = omv_time_s();
     omv_strlcpy(r->path, path, sizeof(r->path));
@@ -1515,6 +1595,8 @@ void omv_run_destroy(omv_run_t **self_p)
     }
     free(r->fetch_params);
     free(r->fetch_velocity);
+    free(r->fetch_second);
+    free(r->cut_clocks);
     omv_shardset_destroy(&r->shards);
     /* Segments are the size of this job's model: the next job's workers get their own. */
     for (uint32_t i = 0; i < r->env.members->n; i++)
@@ -1564,19 +1646,34 @@ static void assign_ranges(omv_run_t *r)
     }
 }
 
+/* How many whole-model arrays a range travels as: parameters and momentum, and with Adam its
+ * second moments. */
+static uint32_t state_arrays(const omv_run_t *r)
+{
+    return r->shards->adam ? 3 : 2;
+}
+
+/* Copies [off, off + count) of the shards' gathered state into buf, array after array. */
+static void pack_range(const omv_run_t *r, float *buf, uint32_t off, uint32_t count)
+{
+    const float *src[3] = {r->shards->gather_params, r->shards->gather_velocity,
+                           r->shards->gather_second};
+    for (uint32_t a = 0; a < state_arrays(r); a++)
+        memcpy(buf + (size_t)a * count, src[a] + off, count * sizeof(float));
+}
+
 /* Sends server s its part: the job, its range, the clocks and counters, and the range's
- * parameters and momentum as the coordinator holds them (initialised, resumed or from
- * [model] init). */
+ * parameters, momentum (and second moments) as the coordinator holds them (initialised,
+ * resumed or from [model] init). */
 static int send_assign(omv_run_t *r, omv_server_t *s)
 {
     uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
-    size_t job_words = (sizeof(omv_job_t) + 3) / 4;
-    float *buf = calloc(job_words + 2 * (size_t)count, sizeof(float));
+    size_t job_words = (sizeof(omv_job_t) + 3) / 4, words = (size_t)state_arrays(r) * count;
+    float *buf = calloc(job_words + words, sizeof(float));
     if (buf == NULL)
         return -ENOMEM;
     memcpy(buf, &r->job, sizeof(omv_job_t));
-    memcpy(buf + job_words, r->shards->gather_params + off, count * sizeof(float));
-    memcpy(buf + job_words + count, r->shards->gather_velocity + off, count * sizeof(float));
+    pack_range(r, buf + job_words, off, count);
     omv_msg_t msg = {.type = OMV_MSG_SERVER};
     omv_server_msg_t *u = &msg.u.server;
     u->op = OMV_SERVER_ASSIGN;
@@ -1590,8 +1687,9 @@ static int send_assign(omv_run_t *r, omv_server_t *s)
     u->job_bytes = (uint32_t)sizeof(omv_job_t);
     u->images = r->images_total;
     u->steps = r->steps_total;
+    u->adam_steps = r->shards->gather_steps[0];
     u->gather_id = r->id;
-    u->count = (uint32_t)(job_words + 2 * (size_t)count);
+    u->count = (uint32_t)(job_words + words);
     int e = omv_servers_send(r->env.servers, r->env.router, s, &msg, buf);
     free(buf);
     return e;
@@ -1672,8 +1770,8 @@ void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
                          "a step report, but the daemon holds the model: push to it");
         return;
     }
-    if (r->state == JOB_FINISHING || r->state == JOB_DONE) {
-        r->late_total++;
+    if (r->state == JOB_FINISHING || r->state == JOB_DONE || r->images_total >= r->target_images) {
+        r->late_total++; /* a step begun as the job reached its images: not applied */
         return;
     }
     omv_refuse_t code = r->state != JOB_RUNNING
@@ -1703,28 +1801,21 @@ void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
     record_early(r);
 }
 
-void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
-                      const float *payload, size_t bytes)
+/* Every server's range is in: into the shards, and on with what waited for it. */
+static void fetched(omv_run_t *r)
 {
-    uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
-    if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
-        return; /* an older gather's answer */
-    if (g->first_shard != s->first || g->last_shard != s->last ||
-        bytes != 2 * (size_t)count * sizeof(float)) {
-        omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
-                      "(%zu bytes): ignored",
-                      omv_servers_id(r->env.servers, s), g->first_shard, g->last_shard, bytes,
-                      s->first, s->last, 2 * (size_t)count * sizeof(float));
+    uint64_t steps[OMV_WIRE_MAX_SHARDS];
+    for (uint32_t i = 0; i < r->shards->n_shards; i++)
+        steps[i] = r->fetch_adam_steps;
+    if (omv_shardset_restore(r->shards, r->fetch_params, r->fetch_velocity,
+                             r->shards->adam ? r->fetch_second : NULL,
+                             r->shards->adam ? steps : NULL) < 0) {
+        omv_log_error("cannot put the shard servers' model into the daemon's shards");
         return;
     }
-    memcpy(r->fetch_params + off, payload, count * sizeof(float));
-    memcpy(r->fetch_velocity + off, payload + count, count * sizeof(float));
-    s->bytes_in += bytes;
-    s->gathers++;
-    if (--r->fetch_left > 0)
-        return;
-    if (omv_shardset_restore(r->shards, r->fetch_params, r->fetch_velocity, NULL, NULL) < 0) {
-        omv_log_error("cannot put the shard servers' model into the daemon's shards");
+    if (r->cut_phase == 2) {
+        r->cut_phase = 3; /* the checkpoint once the reports of its steps are in */
+        checkpoint_if_due(r);
         return;
     }
     r->fetched_final = r->fetch_final;
@@ -1734,6 +1825,47 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
         request_eval(r);
     }
     omv_run_progress(r);
+}
+
+void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
+                      const float *payload, size_t bytes)
+{
+    uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
+    size_t want = (size_t)state_arrays(r) * count * sizeof(float);
+    if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
+        return; /* an older gather's answer */
+    if (g->first_shard != s->first || g->last_shard != s->last || bytes != want) {
+        omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
+                      "(%zu bytes): ignored",
+                      omv_servers_id(r->env.servers, s), g->first_shard, g->last_shard, bytes,
+                      s->first, s->last, want);
+        return;
+    }
+    float *dst[3] = {r->fetch_params, r->fetch_velocity, r->fetch_second};
+    for (uint32_t a = 0; a < state_arrays(r); a++)
+        memcpy(dst[a] + off, payload + (size_t)a * count, count * sizeof(float));
+    if (s->first == 0)
+        r->fetch_adam_steps = g->adam_steps;
+    s->bytes_in += bytes;
+    s->gathers++;
+    if (--r->fetch_left == 0)
+        fetched(r);
+}
+
+void omv_run_frozen(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *f)
+{
+    if (!remote(r) || r->cut_phase != 1 || f->gather_id != r->cut_id || s->run_id != r->id)
+        return;
+    for (uint32_t g = 0; g < f->n_groups && g < r->max_groups; g++)
+        if (f->clocks[g] > r->cut_clocks[g])
+            r->cut_clocks[g] = f->clocks[g];
+    if (--r->cut_left > 0)
+        return;
+    /* The most steps any server saw begun: each finishes those, and sends its range. */
+    r->cut_phase = 2;
+    r->fetch_left = r->n_servers;
+    r->fetch_final = 0;
+    send_cut_op(r, OMV_SERVER_CUT);
 }
 
 void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
@@ -1780,15 +1912,14 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
     r->part_gather_wanted = 0;
     uint32_t off = r->shards->offsets[r->part.first];
     uint32_t count = r->shards->offsets[r->part.last] - off;
-    float *buf = malloc((2 * (size_t)count + 1) * sizeof(float));
+    float *buf = malloc(((size_t)state_arrays(r) * count + 1) * sizeof(float));
     if (buf == NULL || omv_shardset_gather(r->shards, 1) < 0) {
         omv_log_error("cannot gather shards [%u, %u) for the coordinator", r->part.first,
                       r->part.last);
         free(buf);
         return;
     }
-    memcpy(buf, r->shards->gather_params + off, count * sizeof(float));
-    memcpy(buf + count, r->shards->gather_velocity + off, count * sizeof(float));
+    pack_range(r, buf, off, count);
     omv_msg_t msg = {.type = OMV_MSG_SERVER};
     omv_server_msg_t *u = &msg.u.server;
     u->op = OMV_SERVER_GATHERED;
@@ -1797,9 +1928,10 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
     u->last_shard = r->part.last;
     u->gather_id = gather_id;
     u->final = final;
-    u->count = 2 * count;
+    u->count = state_arrays(r) * count;
     u->images = r->images_total;
     u->steps = r->steps_total;
+    u->adam_steps = r->shards->gather_steps[r->part.first];
     int e = omv_router_up_send(r->env.router, &msg, buf);
     if (e < 0)
         omv_log_error("cannot send shards [%u, %u) to the coordinator: %s", r->part.first,
@@ -1807,10 +1939,11 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
     free(buf);
 }
 
-int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, size_t count)
+int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, const float *second,
+                      uint64_t adam_steps, size_t count)
 {
     uint32_t off = r->shards->offsets[r->part.first];
-    if (count != r->shards->offsets[r->part.last] - off)
+    if (count != r->shards->offsets[r->part.last] - off || (second != NULL) != r->shards->adam)
         return -EINVAL;
     /* The whole-model arrays the restore reads: only this part's range is used. */
     int e = omv_shardset_gather(r->shards, 1);
@@ -1818,6 +1951,80 @@ int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, 
         return e;
     memcpy(r->shards->gather_params + off, params, count * sizeof(float));
     memcpy(r->shards->gather_velocity + off, velocity, count * sizeof(float));
+    if (second)
+        memcpy(r->shards->gather_second + off, second, count * sizeof(float));
+    uint64_t steps[OMV_WIRE_MAX_SHARDS];
+    for (uint32_t i = 0; i < r->shards->n_shards; i++)
+        steps[i] = adam_steps;
     return omv_shardset_restore(r->shards, r->shards->gather_params, r->shards->gather_velocity,
-                                NULL, NULL);
+                                second ? r->shards->gather_second : NULL, second ? steps : NULL);
+}
+
+/* The steps each group has begun here: its clock, or one more when a member was sent some of
+ * the next step. */
+static uint64_t begun(const omv_run_t *r, uint32_t g)
+{
+    uint64_t b = omv_groups_clock(r->groups, g);
+    for (uint32_t i = 0; i < r->env.members->n; i++) {
+        const member_t *m = &r->env.members->records[i];
+        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER ||
+            omv_groups_of(r->groups, m->slot) != (int)g)
+            continue;
+        if (m->served && m->served_step + 1 > b)
+            b = m->served_step + 1;
+        if (m->parked && m->sent_n > 0 && m->parked_step + 1 > b)
+            b = m->parked_step + 1;
+    }
+    return b;
+}
+
+void omv_run_part_freeze(omv_run_t *r, uint64_t id)
+{
+    r->frozen = 1;
+    r->cut_set = r->cut_sent = 0;
+    r->freeze_id = id;
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = OMV_SERVER_FROZEN;
+    u->server_id = r->part.server_id;
+    u->gather_id = id;
+    u->n_groups = omv_groups_count(r->groups);
+    for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
+        u->clocks[g] = r->cut_clocks[g] = begun(r, g);
+    int e = omv_router_up_send(r->env.router, &msg, NULL);
+    if (e < 0)
+        omv_log_error("cannot answer the coordinator's freeze: %s", omv_strerror(e));
+}
+
+void omv_run_part_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n)
+{
+    if (!r->frozen || id != r->freeze_id)
+        return;
+    for (uint32_t g = 0; g < n && g < r->max_groups; g++)
+        r->cut_clocks[g] = clocks[g];
+    r->cut_set = 1;
+    serve_parked(r); /* the steps up to the cut's may begin */
+    part_cut_check(r);
+}
+
+/* A cut's steps are all applied here (or the job's end came first): the range goes to the
+ * coordinator, once. */
+static void part_cut_check(omv_run_t *r)
+{
+    if (!r->frozen || !r->cut_set || r->cut_sent)
+        return;
+    for (uint32_t g = 0; r->state < JOB_FINISHING && g < omv_groups_count(r->groups); g++)
+        if (omv_groups_live(r->groups, g) > 0 && omv_groups_clock(r->groups, g) < r->cut_clocks[g])
+            return;
+    if (!omv_groups_settled(r->groups))
+        return;
+    r->cut_sent = 1;
+    omv_run_part_gather(r, r->freeze_id, 0);
+}
+
+void omv_run_part_resume(omv_run_t *r)
+{
+    r->frozen = 0;
+    if (r->state == JOB_RUNNING)
+        serve_parked(r);
 }

@@ -97,10 +97,10 @@ typedef struct {
     uint64_t last_line_images;
     uint64_t staleness_max_observed; /* the largest step gap a served pull had to another group */
     uint64_t regroups_total;
-    uint64_t pushes_recorded_total; /* gradients recorded in the groups' bookkeeping */
+    uint64_t pushes_recorded_total;           /* gradients recorded in the groups' bookkeeping */
     uint64_t bytes_in_total, bytes_out_total; /* gradients taken, parameters sent (sockets) */
     uint64_t serves_total;                    /* steps' parameters sent to members */
-    omv_reconfig_t reconfig;        /* applied when every group is between steps */
+    omv_reconfig_t reconfig;                  /* applied when every group is between steps */
 
     omv_eval_t eval;
     omv_run_ckpt_t ckpt;
@@ -126,7 +126,18 @@ typedef struct {
     int fetch_final;   /* the gather is of the final model (the job's last step is in) */
     int fetched_final; /* the shards hold the servers' final model */
     int fetch_fresh;   /* the shards hold what the servers sent last: evaluate it */
-    float *fetch_params, *fetch_velocity; /* [param_count] what the servers sent */
+    float *fetch_params, *fetch_velocity, *fetch_second; /* [param_count] what they sent */
+    uint64_t fetch_adam_steps;
+    /* A consistent cut across the servers (a checkpoint): 0 none, 1 freezing (waiting for every
+     * server's begun steps), 2 cutting (for their ranges), 3 the ranges are in (waiting for
+     * the reports of the steps in it). cut_clocks[max_groups]: the cut's step per group; on a
+     * shard server, the steps it may begin while frozen. */
+    int cut_phase, cut_ready;
+    uint32_t cut_left;
+    uint64_t cut_id;
+    uint64_t *cut_clocks;
+    int frozen, cut_set, cut_sent; /* a shard server's side of it */
+    uint64_t freeze_id;
     /* How a done job ended: with an evaluation of its final model (the final request answered,
      * or the one that reached stop_at_accuracy), and its final checkpoint 1 written, -1 failed,
      * 0 not tried (checkpoints off). */
@@ -185,6 +196,8 @@ void omv_run_report(omv_run_t *self, member_t *m, const omv_step_report_t *rep);
 /* A server's range of the model, asked for by a gather. */
 void omv_run_gathered(omv_run_t *self, omv_server_t *s, const omv_server_msg_t *g,
                       const float *payload, size_t bytes);
+/* A server's begun steps for the cut under way. */
+void omv_run_frozen(omv_run_t *self, omv_server_t *s, const omv_server_msg_t *f);
 /* A server of the job is gone: with no replica of its shards, the job fails. */
 void omv_run_server_lost(omv_run_t *self, omv_server_t *s);
 
@@ -197,9 +210,15 @@ void omv_run_part_start(omv_run_t *self);
 /* The coordinator asks for this server's range: now, or (final) once the job's last step is
  * in. */
 void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final);
-/* Puts the coordinator's parameters and momentum of this part's range (count floats each) in
- * its shards. Returns 0 or -errno. */
-int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity, size_t count);
+/* Puts the coordinator's parameters, momentum and (Adam) second moments of this part's range
+ * (count floats each; second NULL for SGD) in its shards. Returns 0 or -errno. */
+int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity,
+                      const float *second, uint64_t adam_steps, size_t count);
+/* A cut: begin no more steps and say which each group has begun (FREEZE); finish the steps
+ * up to the cut's and send the range (CUT); go on (RESUME). */
+void omv_run_part_freeze(omv_run_t *self, uint64_t id);
+void omv_run_part_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n);
+void omv_run_part_resume(omv_run_t *self);
 
 /* ---- from the loop ---- */
 

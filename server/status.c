@@ -237,8 +237,8 @@ void omv_status_workers(const omv_daemon_t *d, omv_strbuf_t *out, int json)
     omv_kv_end(&kv);
 }
 
-static void server_section(const omv_daemon_t *d, const omv_server_t *s, uint32_t id,
-                           int64_t now, omv_kv_t *kv)
+static void server_section(const omv_daemon_t *d, const omv_server_t *s, uint32_t id, int64_t now,
+                           omv_kv_t *kv)
 {
     char name[32];
     snprintf(name, sizeof(name), "server %u", id);

@@ -157,8 +157,7 @@ static void server_metrics(const omv_daemon_t *d, omv_strbuf_t *out)
 {
     if (d->servers.n == 0)
         return;
-    server_metric(d, out, "omnivore_server_up", "gauge", "Whether the shard server is alive.",
-                  0);
+    server_metric(d, out, "omnivore_server_up", "gauge", "Whether the shard server is alive.", 0);
     server_metric(d, out, "omnivore_server_bytes_in_total", "counter",
                   "Gradient bytes the shard server took from workers in the current job.", 1);
     server_metric(d, out, "omnivore_server_bytes_out_total", "counter",

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -103,6 +104,8 @@ static pid_t start_coordinator(const char *state)
     return pid;
 }
 
+static void dump_logs(int n);
+
 /* The newest finished checkpoint in state's checkpoint folder of the job. */
 static void read_final(const char *state, omv_checkpoint_t *ck)
 {
@@ -117,6 +120,8 @@ static void read_final(const char *state, omv_checkpoint_t *ck)
     ck_assert_msg(best[0], "no checkpoint in %s", dir);
     snprintf(path, sizeof(path), "%s/%s", dir, best);
     ck_assert_msg(omv_checkpoint_read(ck, path, err) == 0, "%s", err);
+    if (!ck->finished)
+        dump_logs(2);
     ck_assert_msg(ck->finished, "%s is not the finished job's checkpoint", path);
 }
 
@@ -242,6 +247,84 @@ START_TEST(test_servers_bit_identical)
 }
 END_TEST
 
+/* Copies file src to dst. */
+static void copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    ck_assert_msg(in && out, "cannot copy %s to %s", src, dst);
+    char buf[65536];
+    for (size_t n; (n = fread(buf, 1, sizeof(buf), in)) > 0;)
+        ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    fclose(out);
+}
+
+START_TEST(test_servers_checkpoint_is_a_cut)
+{
+    /* Checkpoints while training on 2 servers are consistent cuts: every range at the same
+     * step, with the clocks and counters of that step. The job trains to the same model as on
+     * one daemon with them (a cut holds steps back, it changes nothing), and one daemon that
+     * resumes from the first of them ends with that model too, bit for bit: a checkpoint whose
+     * ranges were a step apart would not. */
+    model_section = "layers = 64 32 4";
+    const char *sync = "groups = 1\nstaleness = none\nshards = 4\nwire = fp32";
+    char cluster[256];
+    write_job(2, 3, sync);
+    omv_checkpoint_t one, spread, resumed;
+    train_on_one(&one);
+    snprintf(cluster, sizeof(cluster), "%s\nservers = 2\n[checkpoint]\nevery_steps = 40\nkeep = 20",
+             sync);
+    write_job(2, 3, cluster);
+    train_on_servers(2, &spread);
+    same_model(&one, &spread);
+    /* The first checkpoint, written while training, resumed by one daemon. */
+    char first[900], dir[900], to[1000];
+    snprintf(first, sizeof(first), "%s/servers/checkpoints/blobs/checkpoint-00000001.omv",
+             test_dir);
+    omv_checkpoint_t mid;
+    char err[OMV_CHECKPOINT_ERR_MAX];
+    ck_assert_msg(omv_checkpoint_read(&mid, first, err) == 0, "%s", err);
+    ck_assert_msg(!mid.finished && mid.steps_total >= 40 && mid.steps_total < spread.steps_total,
+                  "the first checkpoint is at step %llu of %llu",
+                  (unsigned long long)mid.steps_total, (unsigned long long)spread.steps_total);
+    ck_assert_uint_eq(mid.n_groups, 1);
+    ck_assert(mid.clocks[0] == mid.steps_total);
+    ck_assert(mid.images_total == mid.steps_total * 32);
+    omv_checkpoint_fini(&mid);
+    const char *parts[] = {"resume", "resume/checkpoints", "resume/checkpoints/blobs"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof(dir), "%s/%s", test_dir, parts[i]);
+        ck_assert_int_eq(mkdir(dir, 0755), 0);
+    }
+    snprintf(to, sizeof(to), "%s/checkpoint-00000001.omv", dir);
+    copy_file(first, to);
+    write_job(2, 3, sync);
+    pid_t d = start_coordinator("resume");
+    setenv("OMNIVORE_SHM", "0", 1);
+    pid_t w[2] = {start_worker("trainer"), start_worker("trainer")};
+    unsetenv("OMNIVORE_SHM");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    int64_t deadline = omv_time_ms() + 120000;
+    char state[32] = "";
+    while (strcmp(state, "done") != 0) {
+        ck_assert_msg(omv_time_ms() < deadline && strcmp(state, "failed") != 0, "resume: %s",
+                      omv_strbuf_str(&body));
+        sleep_ms(50);
+        control("status", &body);
+        text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
+    }
+    omv_strbuf_fini(&body);
+    stop_workers(w, 2);
+    shutdown_daemon(d);
+    read_final("resume", &resumed);
+    same_model(&one, &resumed);
+    omv_checkpoint_fini(&one);
+    omv_checkpoint_fini(&spread);
+    omv_checkpoint_fini(&resumed);
+}
+END_TEST
+
 START_TEST(test_servers_three_fp32)
 {
     /* An MLP over 3 servers (fp32), against one daemon: the same, bit for bit. */
@@ -304,7 +387,8 @@ START_TEST(test_server_lost_fails_job)
     const char *t = omv_strbuf_str(&srv);
     const char *two = strstr(t, "# server 2");
     ck_assert_msg(two != NULL && has_text(t, "# server 1\n"), "%s", t);
-    ck_assert_msg(field(t, "first_shard") == 0 && field(two, "first_shard") == field(t, "last_shard"),
+    ck_assert_msg(field(t, "first_shard") == 0 &&
+                      field(two, "first_shard") == field(t, "last_shard"),
                   "%s", t);
     ck_assert_msg(field(two, "last_shard") == 2, "%s", t);
     ck_assert_msg(field(t, "bytes_in_total") > 0 && field(two, "bytes_out_total") > 0, "%s", t);
@@ -366,6 +450,7 @@ static Suite *servers_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_servers_bit_identical);
     tcase_add_test(tc, test_servers_three_fp32);
+    tcase_add_test(tc, test_servers_checkpoint_is_a_cut);
     tcase_add_test(tc, test_servers_async_groups);
     tcase_add_test(tc, test_server_lost_fails_job);
     tcase_add_test(tc, test_worker_at_shard_server_refused);
