@@ -618,7 +618,10 @@ START_TEST(test_memory_deny_write_execute)
     }
     write_job(1, 2, "");
     pid_t d = start_daemon();
-    pid_t w[2] = {start_worker("trainer"), start_worker("evaluator")};
+    /* The evaluator first: the trainer starts the job, which may end within milliseconds. */
+    pid_t w[2] = {0, start_worker("evaluator")};
+    wait_status("evaluator_alive", 1, 20000);
+    w[0] = start_worker("trainer");
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     int64_t deadline = omv_time_ms() + 60000;

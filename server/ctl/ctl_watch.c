@@ -59,7 +59,8 @@ static int parse_args(int argc, char **argv, watch_args_t *a)
     }
     if (optind < argc)
         a->what = argv[optind++];
-    static const char *const watchable[] = {"status", "workers", "servers", "groups", "metrics", "summary"};
+    static const char *const watchable[] = {"status", "workers", "servers",
+                                            "groups", "metrics", "summary"};
     int ok = 0;
     for (size_t k = 0; k < OMV_ARRAY_SIZE(watchable); k++)
         ok |= strcmp(a->what, watchable[k]) == 0;
