@@ -365,6 +365,141 @@ START_TEST(test_servers_async_groups)
 }
 END_TEST
 
+/* omnivorectl keygen [--roles ROLES] NAME DIR. */
+static void keygen(const char *roles, const char *name, const char *dir)
+{
+    char cmd[1200], out[4096];
+    snprintf(cmd, sizeof(cmd), "keygen %s%s %s %s", roles ? "--roles " : "", roles ? roles : "",
+             name, dir);
+    ck_assert_msg(run_omnivorectl(out, sizeof(out), NULL, cmd) == 0, "%s", out);
+}
+
+START_TEST(test_servers_over_curve)
+{
+    /* Over tcp with CURVE everywhere: the coordinator admits the shard servers by their keys
+     * (role shard) and the workers by theirs; each shard server admits the workers by its own
+     * allow-list, takes the attach only from the key the worker registered with, and is
+     * reached with the public key the coordinator passed on. */
+    char keys[700], allow[700], conf[3][800], ep[3][64], cmd[1200];
+    snprintf(keys, sizeof(keys), "%s/keys", test_dir);
+    snprintf(allow, sizeof(allow), "%s/allow", test_dir);
+    ck_assert_int_eq(mkdir(keys, 0700), 0);
+    ck_assert_int_eq(mkdir(allow, 0700), 0);
+    keygen(NULL, "daemon", keys);
+    keygen("trainer", "t1", keys);
+    keygen("trainer", "t2", keys);
+    keygen("evaluator", "ev", keys);
+    keygen("shard", "s0", keys);
+    keygen("shard", "s1", keys);
+    const char *admitted[] = {"t1", "t2", "ev", "s0", "s1"};
+    for (int i = 0; i < 5; i++) {
+        char a[1000], b[1000];
+        snprintf(a, sizeof(a), "%s/%s.key", keys, admitted[i]);
+        snprintf(b, sizeof(b), "%s/%s.key", allow, admitted[i]);
+        copy_file(a, b);
+    }
+    int port = 20000 + (int)(getpid() % 20000);
+    for (int i = 0; i < 3; i++)
+        snprintf(ep[i], sizeof(ep[i]), "tcp://127.0.0.1:%d", port + i);
+    /* conf[0] the coordinator's; conf[1], conf[2] the servers'. */
+    for (int i = 0; i < 3; i++) {
+        snprintf(cmd, sizeof(cmd), "%s/omnivored-%d.conf", test_dir, i);
+        omv_strlcpy(conf[i], cmd, sizeof(conf[i]));
+        FILE *f = fopen(conf[i], "w");
+        ck_assert_ptr_nonnull(f);
+        if (i == 0)
+            fprintf(f,
+                    "[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\n"
+                    "allow_dir = %s\n",
+                    keys, allow);
+        else
+            fprintf(f,
+                    "[daemon]\nrole = shard\ncoordinator = %s\n[security]\ncurve = yes\n"
+                    "secret_key = %s/s%d.key_secret\nallow_dir = %s\n"
+                    "coordinator_key = %s/daemon.key\n",
+                    ep[0], keys, i - 1, allow, keys);
+        fclose(f);
+    }
+    model_section = "layers = 64 32 4";
+    write_job(2, 3, "groups = 1\nstaleness = none\nservers = 2");
+    omv_strlcpy(endpoint, ep[0], sizeof(endpoint));
+    char dir[800], log[800];
+    snprintf(dir, sizeof(dir), "%s/coord", test_dir);
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    char *cargv[] = {(char *)bin("OMNIVORED"),
+                     "--once",
+                     "--job",
+                     job_path,
+                     "--config",
+                     conf[0],
+                     "--endpoint",
+                     endpoint,
+                     "--control",
+                     sock_path,
+                     "--state-dir",
+                     dir,
+                     NULL};
+    pid_t d = spawn_logged(cargv, log);
+    pid_t s[2];
+    for (int i = 0; i < 2; i++) {
+        char ctl[800], sdir[800];
+        snprintf(ctl, sizeof(ctl), "%s/shard%d.ctl", test_dir, i);
+        snprintf(sdir, sizeof(sdir), "%s/shard%d", test_dir, i);
+        snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+        char *sargv[] = {(char *)bin("OMNIVORED"),
+                         "--config",
+                         conf[1 + i],
+                         "--endpoint",
+                         ep[1 + i],
+                         "--control",
+                         ctl,
+                         "--state-dir",
+                         sdir,
+                         NULL};
+        s[i] = spawn_logged(sargv, log);
+    }
+    pid_t w[3];
+    const char *who[3] = {"t1", "t2", "ev"};
+    for (int i = 0; i < 3; i++) {
+        char key[800], server_key[800];
+        snprintf(key, sizeof(key), "%s/%s.key_secret", keys, who[i]);
+        snprintf(server_key, sizeof(server_key), "%s/daemon.key", keys);
+        snprintf(log, sizeof(log), "%s/worker%d.log", test_dir, i);
+        char *wargv[] = {(char *)bin("OMNIVORE_WORKER"),
+                         "--server",
+                         endpoint,
+                         "--role",
+                         i == 2 ? "evaluator" : "trainer",
+                         "--key",
+                         key,
+                         "--server-key",
+                         server_key,
+                         NULL};
+        w[i] = spawn_logged(wargv, log);
+    }
+    int64_t deadline = omv_time_ms() + 20000;
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
+        ck_assert_msg(omv_time_ms() < deadline, "the coordinator did not answer");
+        sleep_ms(20);
+    }
+    double acc = wait_done_or_dump(&body, 2);
+    omv_strbuf_fini(&body);
+    ck_assert_msg(acc > 0.95, "accuracy %f", acc);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    char text[65536];
+    for (int i = 0; i < 2; i++) {
+        kill(s[i], SIGTERM);
+        expect_exit_0(s[i], "omnivored (shard server)");
+        snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+        read_file(log, text, sizeof(text));
+        ck_assert_msg(has_text(text, "(CURVE)") && has_text(text, "training finished"), "%s", text);
+    }
+}
+END_TEST
+
 START_TEST(test_server_lost_fails_job)
 {
     /* With no replica yet, a shard server that dies mid-run ends the job, failed, with a
@@ -452,6 +587,7 @@ static Suite *servers_suite(void)
     tcase_add_test(tc, test_servers_three_fp32);
     tcase_add_test(tc, test_servers_checkpoint_is_a_cut);
     tcase_add_test(tc, test_servers_async_groups);
+    tcase_add_test(tc, test_servers_over_curve);
     tcase_add_test(tc, test_server_lost_fails_job);
     tcase_add_test(tc, test_worker_at_shard_server_refused);
     suite_add_tcase(s, tc);
