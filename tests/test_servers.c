@@ -500,6 +500,41 @@ START_TEST(test_servers_over_curve)
 }
 END_TEST
 
+START_TEST(test_servers_trainer_dies)
+{
+    /* A trainer killed mid-run: the coordinator declares it dead and tells the servers, whose
+     * groups stop waiting for it and whose slices go to the one left; the job ends done, with
+     * every image of its epochs counted. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 30, "groups = 1\nstaleness = none\nservers = 2");
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    wait_status("steps_total", 100, 60000);
+    kill(w[1], SIGKILL);
+    waitpid(w[1], NULL, 0);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done_or_dump(&body, 2);
+    double images = field(omv_strbuf_str(&body), "images_total");
+    ck_assert_msg(field(omv_strbuf_str(&body), "deaths_total") == 1, "%s", omv_strbuf_str(&body));
+    omv_strbuf_fini(&body);
+    ck_assert_msg(acc > 0.95, "accuracy %f", acc);
+    ck_assert_msg(images >= 30 * 4096 && images <= 30 * 4096 + 32, "images %f", images);
+    pid_t left[2] = {w[0], w[2]};
+    stop_workers(left, 2);
+    shutdown_daemon(d);
+    char log[700], text[65536];
+    for (int i = 0; i < 2; i++) {
+        kill(s[i], SIGTERM);
+        expect_exit_0(s[i], "omnivored (shard server)");
+        snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+        read_file(log, text, sizeof(text));
+        ck_assert_msg(has_text(text, "died") && has_text(text, "training finished"), "%s", text);
+    }
+}
+END_TEST
+
 START_TEST(test_server_lost_fails_job)
 {
     /* With no replica yet, a shard server that dies mid-run ends the job, failed, with a
@@ -588,6 +623,7 @@ static Suite *servers_suite(void)
     tcase_add_test(tc, test_servers_checkpoint_is_a_cut);
     tcase_add_test(tc, test_servers_async_groups);
     tcase_add_test(tc, test_servers_over_curve);
+    tcase_add_test(tc, test_servers_trainer_dies);
     tcase_add_test(tc, test_server_lost_fails_job);
     tcase_add_test(tc, test_worker_at_shard_server_refused);
     suite_add_tcase(s, tc);

@@ -653,7 +653,11 @@ static int take_params(session_t *s, const omv_params_t *p)
                       (unsigned long long)s->asked);
         return -EPROTO;
     }
-    if (p->batch == 0 || p->batch > j->batch_size || (s->have > 0 && p->batch != s->batch)) {
+    /* Shard servers each learn of a member change on their own: the step's batch, slice and
+     * group are the ones shard 0's server says (begin_step), whatever the others said. */
+    int one_voice = s->n_servers == 0;
+    if (p->batch == 0 || p->batch > j->batch_size ||
+        (one_voice && s->have > 0 && p->batch != s->batch)) {
         omv_log_error("daemon asks for a batch of %u images; this worker takes 1 to %u, the "
                       "same for every shard of a step",
                       p->batch, j->batch_size);
@@ -728,6 +732,8 @@ static int begin_step(session_t *s, uint64_t *step_p)
     s->pulled = 0;
     omv_params_t p;
     int r = recv_shard(s, &p);
+    while (r == 0 && s->n_servers > 0 && !s->got[0])
+        r = recv_shard(s, &p); /* shard 0's server says what the step is made of */
     if (r != 0)
         return r;
     uint64_t step = p.step;
