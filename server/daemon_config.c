@@ -48,6 +48,10 @@ const omv_config_entry_t omv_daemon_table[] = {
      "some of a job's shards for the coordinator below)"},
     {"daemon", "coordinator", STR(coordinator), "", 0, 0, 0,
      "role shard: the coordinator's worker endpoint (tcp://HEAD:5555)"},
+    {"daemon", "coordinator_timeout_s", OMV_CONFIG_DOUBLE, FIELD(coordinator_timeout_s),
+     sizeof(double), "15", 0.5, 3600, 0,
+     "role shard: a coordinator silent this long is taken for gone (its job's part is dropped "
+     "and the server registers again)"},
     {"daemon", "advertise", STR(advertise), "", 0, 0, 0,
      "role shard: the endpoint workers are told to connect to (empty: endpoint, when it names "
      "a host)"},

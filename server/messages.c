@@ -245,7 +245,11 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     if (msg->type == OMV_MSG_HEARTBEAT) {
         send_to(d, peer, msg);
     } else if (msg->u.server.op == OMV_SERVER_STATS) {
+        /* Its heartbeat: answered, so that it knows the coordinator is alive too. */
         omv_servers_stats(s, &msg->u.server);
+        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+        hb.u.heartbeat.worker_id = id;
+        send_to(d, peer, &hb);
     } else if (msg->u.server.op == OMV_SERVER_FROZEN && d->run) {
         omv_run_frozen(d->run, s, &msg->u.server);
     } else if (msg->u.server.op == OMV_SERVER_GATHERED && d->run) {

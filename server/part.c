@@ -14,8 +14,6 @@
 /* Hello again this often until the coordinator answers; heartbeats this often after. */
 #define HELLO_MS 2000
 #define HEARTBEAT_MS 1000
-/* A coordinator silent this long is taken for gone: the part of its job is dropped. */
-#define COORDINATOR_TIMEOUT_MS 15000
 
 static void up_send(omv_daemon_t *d, const omv_msg_t *msg)
 {
@@ -116,7 +114,9 @@ static void drop_part(omv_daemon_t *d, const char *why)
 void omv_part_cron(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
-    if (d->server_id != 0 && now - d->up_heard_ms > COORDINATOR_TIMEOUT_MS) {
+    /* A coordinator silent this long is taken for gone: the part of its job is dropped. */
+    if (d->server_id != 0 &&
+        now - d->up_heard_ms > (int64_t)(d->cfg.coordinator_timeout_s * 1000)) {
         omv_log_warn("no word from the coordinator for %.0f s: registering again",
                      (double)(now - d->up_heard_ms) / 1000.0);
         drop_part(d, "the coordinator went quiet");

@@ -59,7 +59,16 @@ static pid_t start_shard(int i)
     snprintf(ctl, sizeof(ctl), "%s/shard%d.ctl", test_dir, i);
     snprintf(dir, sizeof(dir), "%s/shard%d", test_dir, i);
     snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+    /* A coordinator that answers every heartbeat is never silent for 2 s. */
+    char conf[700];
+    snprintf(conf, sizeof(conf), "%s/shard%d.conf", test_dir, i);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("[daemon]\ncoordinator_timeout_s = 2\n", f);
+    fclose(f);
     char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--config",
+                    conf,
                     "--role",
                     "shard",
                     "--coordinator",
@@ -210,6 +219,7 @@ static double train_on_servers(int n, omv_checkpoint_t *ck)
         read_file(log, text, sizeof(text));
         ck_assert_msg(has_text(text, "from the coordinator: shards ["), "shard %d: %s", i, text);
         ck_assert_msg(has_text(text, "training finished"), "shard %d: %s", i, text);
+        ck_assert_msg(!has_text(text, "no word from the coordinator"), "shard %d: %s", i, text);
     }
     snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
     read_file(log, text, sizeof(text));
@@ -585,6 +595,10 @@ START_TEST(test_server_lost_fails_job)
     shutdown_daemon(d);
     kill(s[0], SIGTERM);
     expect_exit_0(s[0], "omnivored (shard server)");
+    char log[700], text[65536];
+    snprintf(log, sizeof(log), "%s/shard0.log", test_dir);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(!has_text(text, "no word from the coordinator"), "%s", text);
 }
 END_TEST
 
