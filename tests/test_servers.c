@@ -34,6 +34,16 @@ static pid_t spawn_logged(char *const argv[], const char *log)
             dup2(fd, 2);
             close(fd);
         }
+        /* OMV_TEST_VALGRIND=1 (meson test --setup=valgrind): under valgrind, errors exit 99. */
+        if (getenv("OMV_TEST_VALGRIND") && strcmp(getenv("OMV_TEST_VALGRIND"), "1") == 0) {
+            char *vargv[64] = {"valgrind", "-q", "--error-exitcode=99", "--leak-check=full",
+                               "--errors-for-leak-kinds=definite"};
+            int n = 5;
+            for (int i = 0; argv[i] && n < 63; i++)
+                vargv[n++] = argv[i];
+            vargv[n] = NULL;
+            execvp("valgrind", vargv);
+        }
         execv(argv[0], argv);
         _exit(127);
     }
