@@ -51,6 +51,8 @@ typedef struct {
     /* A trainer on the daemon's host: its shared segments (common/shm.h), while shm_on. */
     uint64_t shm_token;    /* what its Welcome offered; 0: nothing offered */
     uint64_t attach_token; /* the model on shard servers: what its Attach to them carries */
+    int join_pending;      /* a trainer that joins a job on shard servers at the next cut */
+    int join_rejoin;
     /* Its reports of steps after its group's current one, which came before the other members'
      * reports of the current step: they travel on other connections than the gradients, which
      * the servers gate, and a worker's connection to the daemon may lag its others by many
@@ -62,6 +64,9 @@ typedef struct {
     float *shm_params, *shm_grads;
     size_t shm_bytes;
 } member_t;
+
+/* A slot no group has: what a member holds until it is put in one. */
+#define OMV_MEMBER_NO_SLOT UINT32_MAX
 
 /* Ids are index + 1. Ids are not reused while never-used records remain, so a late message from
  * a dead worker cannot pass for another. The fields are for reading; change records through the

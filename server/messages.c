@@ -165,7 +165,8 @@ static void on_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t 
         send_to(d, peer, &w);
         return;
     }
-    omv_run_join(d->run, m, rejoin, who, &w.u.welcome);
+    if (omv_run_join(d->run, m, rejoin, who, &w.u.welcome))
+        return;                     /* welcomed at the next cut */
     if (w.u.welcome.n_servers == 0) /* the servers hold the model: nothing to share here */
         omv_local_offer(&d->local, m, &w.u.welcome);
     send_to(d, peer, &w);

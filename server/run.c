@@ -24,6 +24,7 @@ static void request_eval(omv_run_t *r);
 static void record_early(omv_run_t *r);
 static void cut_checkpoint(omv_run_t *r);
 static void part_cut_check(omv_run_t *r);
+static void admit_joins(omv_run_t *r);
 
 /* A coordinator whose job's model is on shard servers. */
 static int remote(const omv_run_t *r)
@@ -241,6 +242,11 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
         omv_groups_leave(r->groups, m->slot);
         assign_slices(r);
         tuner_membership(r);
+        if (m->join_pending) {
+            m->join_pending = 0;
+            r->joins_pending--;
+            return; /* never in a group */
+        }
         if (remote(r)) {
             free(m->early);
             m->early = NULL;
@@ -429,7 +435,8 @@ static void send_cut_op(omv_run_t *r, omv_server_op_t op)
  * would, and the servers go on. */
 static void cut_checkpoint(omv_run_t *r)
 {
-    if (!r->ckpt.due || !r->ckpt.enabled || r->state != JOB_RUNNING)
+    int ckpt = r->ckpt.due && r->ckpt.enabled;
+    if ((!ckpt && r->joins_pending == 0) || r->state != JOB_RUNNING)
         return;
     if (r->cut_phase == 0 && fetch_buffers(r) == 0) {
         r->cut_phase = 1;
@@ -443,8 +450,10 @@ static void cut_checkpoint(omv_run_t *r)
     if (r->cut_phase != 3 || !cut_caught_up(r))
         return;
     r->cut_ready = 1;
-    write_checkpoint(r);
+    if (ckpt)
+        write_checkpoint(r);
     r->cut_ready = 0;
+    admit_joins(r);
     r->cut_phase = 0;
     send_cut_op(r, OMV_SERVER_RESUME);
     r->fetch_fresh = 1; /* an evaluation that waited may take this model */
@@ -1107,14 +1116,7 @@ static void finish_stop(omv_run_t *r)
 int omv_run_may_join(const omv_run_t *r, omv_role_t role, char *why, size_t cap,
                      omv_refuse_t *ret_code)
 {
-    if (role == OMV_ROLE_TRAINER && remote(r) && r->state != JOB_WAITING) {
-        snprintf(why, cap,
-                 "job '%s' runs on shard servers, which cannot take a trainer once it started "
-                 "(not built yet)",
-                 r->job.name);
-        *ret_code = OMV_REFUSE_FULL;
-        return 0;
-    }
+
     if (role == OMV_ROLE_TRAINER && free_slot(r) < 0) {
         snprintf(why, cap, "job '%s' has no room for another worker (%u slots)", r->job.name,
                  r->n_slots);
@@ -1200,16 +1202,52 @@ static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who,
                  omv_run_live_trainers(r));
 }
 
-void omv_run_join(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
+int omv_run_join(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
 {
     if (r->first_hello_s == 0)
         r->first_hello_s = omv_time_s();
     fill_jobspec(r, &w->job);
+    if (m->role == OMV_ROLE_TRAINER && remote(r) && r->state == JOB_RUNNING) {
+        /* Every server must take it at the same step: the next cut's. */
+        m->join_pending = 1;
+        m->join_rejoin = rejoin;
+        m->slot = OMV_MEMBER_NO_SLOT;
+        r->joins_pending++;
+        omv_log_info("worker %u (%s) joins the job at the next step boundary of its servers",
+                     omv_members_id(r->env.members, m), who);
+        checkpoint_if_due(r);
+        return 1;
+    }
     if (m->role == OMV_ROLE_TRAINER) {
         join_trainer(r, m, rejoin, who, w);
     } else {
         r->eval.evaluator = omv_members_id(r->env.members, m);
         omv_log_info("evaluator %u (%s) registered", r->eval.evaluator, who);
+    }
+    return 0;
+}
+
+/* The cut is in: the trainers that waited join at its step, on every server alike. */
+static void admit_joins(omv_run_t *r)
+{
+    for (uint32_t i = 0; i < r->env.members->n && r->joins_pending > 0; i++) {
+        member_t *m = &r->env.members->records[i];
+        if (!m->join_pending)
+            continue;
+        m->join_pending = 0;
+        r->joins_pending--;
+        if (m->state != MEMBER_ALIVE)
+            continue; /* gone meanwhile */
+        omv_msg_t w = {.type = OMV_MSG_WELCOME};
+        w.u.welcome.protocol_version = OMV_PROTOCOL_VERSION;
+        w.u.welcome.worker_id = i + 1;
+        fill_jobspec(r, &w.u.welcome.job);
+        char who[96];
+        snprintf(who, sizeof(who), "\"%s\" pid %u", m->host, m->pid);
+        join_trainer(r, m, m->join_rejoin, who, &w.u.welcome);
+        int e = omv_router_send(r->env.router, &m->peer, &w, NULL);
+        if (e < 0)
+            omv_log_warn("cannot welcome worker %u: %s", i + 1, omv_strerror(e));
     }
 }
 

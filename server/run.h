@@ -133,6 +133,7 @@ typedef struct {
      * the reports of the steps in it). cut_clocks[max_groups]: the cut's step per group; on a
      * shard server, the steps it may begin while frozen. */
     int cut_phase, cut_ready;
+    uint32_t joins_pending; /* trainers waiting for a cut to join */
     uint32_t cut_left;
     uint64_t cut_id;
     uint64_t *cut_clocks;
@@ -174,8 +175,10 @@ void omv_run_destroy(omv_run_t **self_p);
 int omv_run_may_join(const omv_run_t *self, omv_role_t role, char *why, size_t cap,
                      omv_refuse_t *ret_code);
 /* m registered into the job: puts it in a group (trainers) and fills the Welcome's job, group
- * and first step. The job starts when its workers are all there. */
-void omv_run_join(omv_run_t *self, member_t *m, int rejoin, const char *who, omv_welcome_t *w);
+ * and first step. The job starts when its workers are all there. Returns 1 when the Welcome
+ * is not to be sent now: a trainer joining a running job on shard servers joins at the next
+ * cut, and the run sends its Welcome then. */
+int omv_run_join(omv_run_t *self, member_t *m, int rejoin, const char *who, omv_welcome_t *w);
 /* The Welcome went out: a waiting job starts once its workers are all there. */
 void omv_run_joined(omv_run_t *self);
 void omv_run_pull(omv_run_t *self, member_t *m, const omv_pull_t *p);

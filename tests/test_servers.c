@@ -523,7 +523,8 @@ END_TEST
 START_TEST(test_servers_trainer_dies)
 {
     /* A trainer killed mid-run: the coordinator declares it dead and tells the servers, whose
-     * groups stop waiting for it and whose slices go to the one left; the job ends done, with
+     * groups stop waiting for it and whose slices go to the one left; a new trainer joins the
+     * running job at a cut (every server takes it at the same step); the job ends done, with
      * every image of its epochs counted. */
     model_section = "layers = 64 32 4";
     write_job(2, 30, "groups = 1\nstaleness = none\nservers = 2");
@@ -533,16 +534,21 @@ START_TEST(test_servers_trainer_dies)
     wait_status("steps_total", 100, 60000);
     kill(w[1], SIGKILL);
     waitpid(w[1], NULL, 0);
+    /* Its replacement joins the running job: at the next cut, on every server at once. */
+    wait_status("deaths_total", 1, 20000);
+    pid_t again = start_worker("trainer");
+    wait_status("joins_total", 3, 20000);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     double acc = wait_done_or_dump(&body, 2);
     double images = field(omv_strbuf_str(&body), "images_total");
     ck_assert_msg(field(omv_strbuf_str(&body), "deaths_total") == 1, "%s", omv_strbuf_str(&body));
+    ck_assert_msg(field(omv_strbuf_str(&body), "workers_alive") == 2, "%s", omv_strbuf_str(&body));
     omv_strbuf_fini(&body);
     ck_assert_msg(acc > 0.95, "accuracy %f", acc);
     ck_assert_msg(images >= 30 * 4096 && images <= 30 * 4096 + 32, "images %f", images);
-    pid_t left[2] = {w[0], w[2]};
-    stop_workers(left, 2);
+    pid_t left[3] = {w[0], w[2], again};
+    stop_workers(left, 3);
     shutdown_daemon(d);
     char log[700], text[65536];
     for (int i = 0; i < 2; i++) {
@@ -551,6 +557,7 @@ START_TEST(test_servers_trainer_dies)
         snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
         read_file(log, text, sizeof(text));
         ck_assert_msg(has_text(text, "died") && has_text(text, "training finished"), "%s", text);
+        ck_assert_msg(has_text(text, "worker 4 (vm): group 0"), "the newcomer: %s", text);
     }
 }
 END_TEST
