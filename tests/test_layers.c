@@ -51,10 +51,10 @@ static float central(fixture_t *f, size_t i, float eps)
     return (lp - lm) / (2.0f * eps);
 }
 
-/* Builds the model, checks every parameter's gradient against central differences at two step
- * sizes (a parameter where they disagree sits on a ReLU or max kink and is skipped; there must
- * be few), and returns how many disagreed with the analytic gradient. */
-static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
+/* Builds the model, checks every stride-th parameter's gradient against central differences at
+ * two step sizes (a parameter where they disagree sits on a ReLU or max kink and is skipped;
+ * there must be few), and returns how many disagreed with the analytic gradient. */
+static int gradient_mismatches_every(const char *text, uint32_t batch, uint64_t seed, size_t stride)
 {
     omv_model_layout_t l = parse(text);
     fixture_t f = {0};
@@ -91,7 +91,7 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
     /* The state after state_offset (batch norm's running statistics) is not trained: what the
      * step writes there is checked in test_batchnorm_running_stats. */
     n = l.state_offset;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = seed % stride; i < n; i += stride) {
         float num = central(&f, i, eps);
         float half = central(&f, i, eps / 2);
         if (fabsf(num - half) > 2e-3f + 1e-2f * fabsf(num)) {
@@ -106,7 +106,8 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
             bad++;
         }
     }
-    ck_assert_msg(kinks <= (int)(n / 20) + 1, "%d of %zu parameters on kinks", kinks, n);
+    ck_assert_msg(kinks <= (int)(n / stride / 20) + 1, "%d of %zu parameters on kinks", kinks,
+                  n / stride);
     /* A zero gradient everywhere would pass a careless check: some must be large. */
     float largest = 0.0f;
     for (size_t i = 0; i < n; i++)
@@ -115,6 +116,11 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
     free(f.params), free(f.grad), free(f.scratch), free(f.x), free(f.y);
     omv_net_destroy(&f.net);
     return bad;
+}
+
+static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
+{
+    return gradient_mismatches_every(text, batch, seed, 1);
 }
 
 START_TEST(test_fc_gradients)
@@ -142,6 +148,21 @@ START_TEST(test_conv_gradients)
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
         ck_assert_int_eq(gradient_mismatches(models[i], 3, 10 + i), 0);
+}
+END_TEST
+
+START_TEST(test_wide_conv_gradients)
+{
+    /* Channels that fill whole vectors take the engine's own GEMM kernels (worker/gemm.c), and
+     * images large enough for several lowering chunks (14 images of 16x8x8 through a 3x3 fill
+     * one): batch 17 runs a full chunk and a short one, backward from the last. A sample of the
+     * parameters (every 37th) keeps it quick. */
+    static const char *const defs[] = {
+        "input 16x8x8\nconv 16 3x3 pad 1\nrelu\nconv 32 3x3 stride 2 pad 1\nglobalavgpool\nfc 3\n",
+        "input 8x8x8\nconv 16 3x3 pad 1\nconv 16 3x3 pad 1\nflatten\nfc 3\n",
+    };
+    for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++)
+        ck_assert_int_eq(gradient_mismatches_every(defs[i], 17, 40 + i, 37), 0);
 }
 END_TEST
 
@@ -220,8 +241,15 @@ START_TEST(test_conv_matches_direct)
     static const struct {
         uint32_t c, h, w, o, kh, kw, stride, pad;
     } cases[] = {
-        {1, 8, 8, 4, 5, 5, 1, 2}, {3, 7, 6, 5, 3, 3, 2, 1},   {2, 9, 5, 3, 3, 2, 1, 0},
-        {4, 6, 6, 2, 1, 1, 1, 0}, {2, 10, 10, 3, 4, 4, 3, 2},
+        {1, 8, 8, 4, 5, 5, 1, 2},
+        {3, 7, 6, 5, 3, 3, 2, 1},
+        {2, 9, 5, 3, 3, 2, 1, 0},
+        {4, 6, 6, 2, 1, 1, 1, 0},
+        {2, 10, 10, 3, 4, 4, 3, 2},
+        /* Whole vectors of channels (the engine's own kernels), and in the second images large
+         * enough to be lowered one at a time (worker/layers.c, CONV_CHUNK_FLOATS). */
+        {16, 9, 7, 32, 3, 3, 2, 1},
+        {16, 28, 28, 16, 3, 3, 1, 1},
     };
     enum { NB = 3 };
     for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
@@ -671,6 +699,7 @@ int main(void)
     tcase_add_test(tc, test_fc_gradients);
     tcase_add_test(tc, test_relu_gradients);
     tcase_add_test(tc, test_conv_gradients);
+    tcase_add_test(tc, test_wide_conv_gradients);
     tcase_add_test(tc, test_maxpool_gradients);
     tcase_add_test(tc, test_avgpool_gradients);
     tcase_add_test(tc, test_dropout_gradients);

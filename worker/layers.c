@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "blas.h"
+#include "gemm.h"
 
 /* Allocates and touches count elements, so the step never pays for first-touch page faults. */
 static void *alloc_touched(size_t count, size_t size)
@@ -18,6 +19,18 @@ static void *alloc_touched(size_t count, size_t size)
     if (p != NULL)
         memset(p, 0, count * size);
     return p;
+}
+
+/* Images of a convolution lowered at a time: their lowered rows fill about this many floats
+ * (512 KiB), so that the lowered block stays in the core's cache from im2col through the GEMMs
+ * that read it, rather than going to memory and back for the whole batch. */
+#define CONV_CHUNK_FLOATS (128u * 1024u)
+
+static uint32_t conv_chunk(const omv_model_layer_t *s, uint32_t max_batch)
+{
+    size_t per_image = (size_t)s->out.h * s->out.w * s->fan_in;
+    size_t n = per_image ? CONV_CHUNK_FLOATS / per_image : max_batch;
+    return n < 1 ? 1 : n > max_batch ? max_batch : (uint32_t)n;
 }
 
 /* An add's projection: a 1x1 convolution from the saved shape to the add's input shape, whose
@@ -70,9 +83,11 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
     self->dout = alloc_touched(outs, sizeof(float));
     int ok = self->out != NULL && self->dout != NULL;
     if (spec->kind == OMV_LAYER_CONV) {
-        size_t rows = (size_t)max_batch * spec->out.h * spec->out.w;
+        self->chunk = conv_chunk(spec, max_batch);
+        size_t rows = (size_t)self->chunk * spec->out.h * spec->out.w;
         self->col = alloc_touched(rows * spec->fan_in, sizeof(float));
-        ok &= self->col != NULL;
+        self->wt = alloc_touched((size_t)spec->fan_in * spec->units, sizeof(float));
+        ok &= self->col != NULL && self->wt != NULL;
     } else if (spec->kind == OMV_LAYER_DROPOUT) {
         self->mask = alloc_touched(outs, sizeof(float));
         ok &= self->mask != NULL;
@@ -102,6 +117,7 @@ void omv_layer_fini(omv_layer_t *self)
         free(self->proj);
     }
     free(self->col);
+    free(self->wt);
     free(self->mask);
     free(self->arg);
     free(self->dres);
@@ -233,33 +249,56 @@ static void col2im(const omv_model_layer_t *s, const float *col, float *din, uin
     }
 }
 
+/* wt[k][out_c] = w[out_c][k]: the weights as the right-hand side of the forward product, so
+ * that its rows are output channels in a row, as the output is. */
+static void transpose(float *restrict wt, const float *restrict w, uint32_t n, size_t k)
+{
+    for (uint32_t o = 0; o < n; o++)
+        for (size_t i = 0; i < k; i++)
+            wt[i * n + o] = w[(size_t)o * k + i];
+}
+
 static void conv_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
 {
     const omv_model_layer_t *s = &self->spec;
-    int rows = (int)(batch * s->out.h * s->out.w), k = (int)s->fan_in, n = (int)s->units;
-    im2col(s, in, self->col, batch);
-    fill_bias(self->out, (size_t)rows, params + s->b_offset, s->units);
-    /* out[rows][out_c] += col[rows][k] * W[out_c][k]^T */
-    omv_blas_gemm(false, true, rows, n, k, 1.0f, self->col, k, params + s->w_offset, k, 1.0f,
-                  self->out, n);
+    int k = (int)s->fan_in, n = (int)s->units;
+    size_t per_image = (size_t)s->out.h * s->out.w;
+    transpose(self->wt, params + s->w_offset, s->units, s->fan_in);
+    for (uint32_t i = 0; i < batch; i += self->chunk) {
+        uint32_t count = batch - i < self->chunk ? batch - i : self->chunk;
+        im2col(s, in + (size_t)i * self->in_size, self->col, count);
+        /* out[rows][out_c] = bias + col[rows][k] * wt[k][out_c] */
+        omv_gemm_nn((int)(count * per_image), n, k, self->col, k, self->wt, n, 0.0f,
+                    params + s->b_offset, self->out + (size_t)i * self->out_size, n);
+    }
 }
 
-static void conv_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
-                          float *grad)
+/* By chunks from the last: the last chunk's lowered input is still in col from forward. */
+static void conv_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                          uint32_t batch, float *grad)
 {
     const omv_model_layer_t *s = &self->spec;
-    int rows = (int)(batch * s->out.h * s->out.w), k = (int)s->fan_in, n = (int)s->units;
-    /* dW[out_c][k] = dout^T[out_c][rows] * col[rows][k] */
-    omv_blas_gemm(true, false, n, k, rows, 1.0f, self->dout, n, self->col, k, 0.0f,
-                  grad + s->w_offset, k);
-    sum_rows(grad + s->b_offset, self->dout, (size_t)rows, s->units);
-    if (din == NULL)
-        return;
-    /* The lowered input is no longer needed: its buffer takes its gradient,
-     * dcol[rows][k] = dout[rows][out_c] * W[out_c][k]. */
-    omv_blas_gemm(false, false, rows, k, n, 1.0f, self->dout, n, params + s->w_offset, k, 0.0f,
-                  self->col, k);
-    col2im(s, self->col, din, batch);
+    int k = (int)s->fan_in, n = (int)s->units;
+    size_t per_image = (size_t)s->out.h * s->out.w;
+    sum_rows(grad + s->b_offset, self->dout, (size_t)batch * per_image, s->units);
+    uint32_t last = (batch - 1) / self->chunk * self->chunk;
+    for (uint32_t end = batch; end > 0;) {
+        uint32_t i = (end - 1) / self->chunk * self->chunk, count = end - i;
+        int rows = (int)(count * per_image);
+        end = i;
+        const float *dout = self->dout + (size_t)i * self->out_size;
+        if (i != last)
+            im2col(s, in + (size_t)i * self->in_size, self->col, count);
+        /* dW[out_c][k] (+)= dout^T[out_c][rows] * col[rows][k] */
+        omv_gemm_tn(n, k, rows, dout, n, self->col, k, i == last ? 0.0f : 1.0f, grad + s->w_offset,
+                    k);
+        if (din == NULL)
+            continue;
+        /* The lowered input is no longer needed: its buffer takes its gradient,
+         * dcol[rows][k] = dout[rows][out_c] * W[out_c][k]. */
+        omv_gemm_nn(rows, k, n, dout, n, params + s->w_offset, k, 0.0f, NULL, self->col, k);
+        col2im(s, self->col, din + (size_t)i * self->in_size, count);
+    }
 }
 
 /* ---- pooling ---- */
@@ -640,7 +679,7 @@ void omv_layer_backward(omv_layer_t *self, const float *params, const float *in,
         fc_backward(self, params, in, din, batch, grad);
         break;
     case OMV_LAYER_CONV:
-        conv_backward(self, params, din, batch, grad);
+        conv_backward(self, params, in, din, batch, grad);
         break;
     case OMV_LAYER_MAXPOOL:
         if (din != NULL)

@@ -17,8 +17,10 @@ typedef struct omv_layer {
     float *out;               /* [batch][out_size]; flatten, in-place ReLU: the input's */
     float *dout;              /* [batch][out_size] gradient of the loss by out; flatten,
                                  in-place ReLU: the previous layer's */
-    float *col;               /* conv: [batch * oh * ow][kh * kw * in_c], lowered input, then
-                                 its gradient */
+    float *col;               /* conv: [chunk * oh * ow][kh * kw * in_c], the lowered input of
+                                 chunk images, then its gradient */
+    float *wt;                /* conv: [kh * kw * in_c][out_c] the weights transposed */
+    uint32_t chunk;           /* conv: images lowered at a time */
     float *mask;              /* dropout: [batch][out_size], 0 or 1 / (1 - rate) */
     uint32_t *arg;            /* maxpool: [batch][out_size] index of the maximum in the input */
     float *dres;              /* save: [batch][out_size] the gradient its add sends back */

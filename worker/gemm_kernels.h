@@ -1,0 +1,17 @@
+/* The per-instruction-set GEMM kernels of worker/gemm_kernels.c, for worker/gemm.c only: it
+ * checks the shapes they need (n a multiple of the vector width) and the CPU before calling. */
+#pragma once
+
+/* c[m][n] = (bias[n] on every row, else c when acc, else 0) + a[m][k] * b[k][n], row-major;
+ * n is a multiple of the vector width. */
+void omv_gemm_kernel_nn_avx512(int m, int n, int k, const float *a, int lda, const float *b,
+                               int ldb, float *c, int ldc, const float *bias, int acc);
+void omv_gemm_kernel_nn_avx2(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                             float *c, int ldc, const float *bias, int acc);
+
+/* c[m][n] = (c when acc, else 0) + a^T * b for a[k][m] and b[k][n], row-major; n is a multiple
+ * of the vector width. */
+void omv_gemm_kernel_tn_avx512(int m, int n, int k, const float *a, int lda, const float *b,
+                               int ldb, float *c, int ldc, int acc);
+void omv_gemm_kernel_tn_avx2(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                             float *c, int ldc, int acc);
