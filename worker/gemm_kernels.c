@@ -5,6 +5,7 @@
  * accumulators, written with GCC's vector extensions so one source serves every width. */
 #include "gemm_kernels.h"
 
+#include <immintrin.h>
 #include <string.h>
 
 #define W OMV_KW
@@ -33,16 +34,23 @@ INLINE void store(float *p, vf v)
     memcpy(p, &v, sizeof(v));
 }
 
+/* set1 rather than 0 + x, which GCC must compute as an add (for -0) before it broadcasts:
+ * this way the broadcast is one load from memory. */
 INLINE vf bcast(float x)
 {
-    return (vf){0} + x;
+#if W == 16
+    return (vf)_mm512_set1_ps(x);
+#else
+    return (vf)_mm256_set1_ps(x);
+#endif
 }
 
-/* Rows of a tile for nv vectors: as many as the accumulators allow, at most MAX_MR. */
-INLINE int tile_rows(int nv)
+/* Rows of a tile for nv vectors: as many as the accumulators allow, at most cap (c = a b
+ * reads each row of a through its own pointer: past 10 rows of one vector GCC spills them). */
+INLINE int tile_rows(int nv, int cap)
 {
     int mr = ACC / nv;
-    return mr > MAX_MR ? MAX_MR : mr;
+    return mr > cap ? cap : mr;
 }
 
 /* c[mr][nv * W] = (bias, or c when acc, or 0) + a[mr][k] * b[k][nv * W]. MR and NV are
@@ -60,7 +68,7 @@ INLINE void nn_tile(const int MR, const int NV, int mr, int k, const float *a, i
         for (int v = 0; v < NV; v++)
             s[r][v] = bias            ? load(bias + v * W)
                       : acc && r < mr ? load(c + (size_t)r * ldc + v * W)
-                                      : bcast(0.0f);
+                                      : (vf){0};
     }
     for (int p = 0; p < k; p++) {
         vf bv[MAX_NV];
@@ -87,7 +95,7 @@ INLINE void nn_tile(const int MR, const int NV, int mr, int k, const float *a, i
 INLINE void nn_panel(const int NV, int m, int k, const float *a, int lda, const float *b, int ldb,
                      float *c, int ldc, const float *bias, int acc)
 {
-    const int MR = tile_rows(NV);
+    const int MR = tile_rows(NV, NV == 1 ? 10 : MAX_MR);
     int i = 0;
     for (; i + MR <= m; i += MR)
         nn_tile(MR, NV, MR, k, a + (size_t)i * lda, lda, b, ldb, c + (size_t)i * ldc, ldc, bias,
@@ -131,7 +139,7 @@ INLINE void tn_tile(const int MR, const int NV, int mr, int k, const float *a, i
         col[r] = r < mr ? r : 0;
 #pragma GCC unroll 4
         for (int v = 0; v < NV; v++)
-            s[r][v] = bcast(0.0f);
+            s[r][v] = (vf){0};
     }
     for (int p = 0; p < k; p++) {
         const float *ap = a + (size_t)p * lda, *bp = b + (size_t)p * ldb;
@@ -160,7 +168,7 @@ INLINE void tn_tile(const int MR, const int NV, int mr, int k, const float *a, i
 INLINE void tn_panel(const int NV, int m, int k, const float *a, int lda, const float *b, int ldb,
                      float *c, int ldc, int acc)
 {
-    const int MR = tile_rows(NV);
+    const int MR = tile_rows(NV, MAX_MR);
     int i = 0;
     for (; i + MR <= m; i += MR)
         tn_tile(MR, NV, MR, k, a + i, lda, b, ldb, c + (size_t)i * ldc, ldc, acc);

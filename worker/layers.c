@@ -95,10 +95,9 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
         self->arg = alloc_touched(outs, sizeof(uint32_t));
         ok &= self->arg != NULL;
     } else if (spec->kind == OMV_LAYER_BATCHNORM) {
-        self->xhat = alloc_touched(outs, sizeof(float));
-        self->stats = alloc_touched(3 * (size_t)spec->in.c, sizeof(float));
+        self->stats = alloc_touched(OMV_LAYER_BN_STATS * (size_t)spec->in.c, sizeof(float));
         self->acc = alloc_touched(2 * (size_t)spec->in.c, sizeof(double));
-        ok &= self->xhat != NULL && self->stats != NULL && self->acc != NULL;
+        ok &= self->stats != NULL && self->acc != NULL;
     } else if (spec->kind == OMV_LAYER_ADD && spec->w_count > 0) {
         ok &= init_projection(self, max_batch) == 0;
     }
@@ -121,7 +120,6 @@ void omv_layer_fini(omv_layer_t *self)
     free(self->mask);
     free(self->arg);
     free(self->dres);
-    free(self->xhat);
     free(self->stats);
     free(self->acc);
     memset(self, 0, sizeof(*self));
@@ -507,73 +505,118 @@ static void gap_backward(omv_layer_t *self, float *din, uint32_t batch)
 #define BN_EPS 1e-5f
 #define BN_MOMENTUM 0.1 /* PyTorch's: running = (1 - m) running + m batch */
 
-/* The batch's mean and (biased) variance per channel over rows[n][c], in double. */
-static void bn_moments(float *mean, float *var, const float *x, size_t rows, uint32_t c,
-                       double *acc)
+/* Rows summed in float before the sum goes into double: short enough that float loses nothing
+ * that matters, long enough that the double adds cost nothing. */
+#define BN_BLOCK 64
+
+/* stats: [BN_STATS][c] */
+enum { BN_MEAN, BN_VAR, BN_INV, BN_SCALE, BN_SHIFT, BN_SUM1, BN_SUM2, BN_STATS };
+_Static_assert(BN_STATS == OMV_LAYER_BN_STATS, "layers.h sizes the stats");
+
+/* acc[0][j] += sum over rows of u[r][j], acc[1][j] += sum of u * v, where u = a - ka and
+ * v = b - kb, in float per block of rows and in double across blocks (s1, s2: [c] scratch). */
+static void bn_sums(double *acc, const float *a, const float *ka, const float *b, const float *kb,
+                    size_t rows, uint32_t c, float *restrict s1, float *restrict s2)
 {
     memset(acc, 0, 2 * c * sizeof(double));
-    for (size_t r = 0; r < rows; r++)
-        for (uint32_t j = 0; j < c; j++)
-            acc[j] += x[r * c + j];
-    for (uint32_t j = 0; j < c; j++)
-        mean[j] = (float)(acc[j] / (double)rows);
-    for (size_t r = 0; r < rows; r++) {
+    for (size_t r0 = 0; r0 < rows; r0 += BN_BLOCK) {
+        size_t r1 = rows - r0 < BN_BLOCK ? rows : r0 + BN_BLOCK;
+        memset(s1, 0, c * sizeof(float));
+        memset(s2, 0, c * sizeof(float));
+        for (size_t r = r0; r < r1; r++) {
+            const float *restrict ar = a + r * c, *restrict br = b + r * c;
+            for (uint32_t j = 0; j < c; j++) {
+                float u = ar[j] - ka[j];
+                s1[j] += u;
+                s2[j] += u * (br[j] - kb[j]);
+            }
+        }
         for (uint32_t j = 0; j < c; j++) {
-            double d = (double)x[r * c + j] - mean[j];
-            acc[c + j] += d * d;
+            acc[j] += s1[j];
+            acc[c + j] += s2[j];
         }
     }
-    for (uint32_t j = 0; j < c; j++)
-        var[j] = (float)(acc[c + j] / (double)rows);
+}
+
+/* The batch's mean and (biased) variance per channel over rows[n][c]: one pass of sums of the
+ * values shifted by the first row's (close to the mean, so the squares do not cancel). */
+static void bn_moments(float *stats, const float *x, size_t rows, uint32_t c, double *acc)
+{
+    float *mean = stats + BN_MEAN * c, *var = stats + BN_VAR * c, *shift = stats + BN_SHIFT * c;
+    memcpy(shift, x, c * sizeof(float));
+    bn_sums(acc, x, shift, x, shift, rows, c, stats + BN_SUM1 * c, stats + BN_SUM2 * c);
+    for (uint32_t j = 0; j < c; j++) {
+        double m = acc[j] / (double)rows, v = acc[c + j] / (double)rows - m * m;
+        mean[j] = (float)(shift[j] + m);
+        var[j] = (float)(v > 0.0 ? v : 0.0);
+    }
+}
+
+/* out = in * scale + shift per channel, over rows[n][c]. */
+static void scale_shift(float *restrict out, const float *restrict in, const float *restrict scale,
+                        const float *restrict shift, size_t rows, uint32_t c)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < c; j++)
+            out[r * c + j] = in[r * c + j] * scale[j] + shift[j];
 }
 
 /* Training normalises by the batch's statistics (kept for backward); evaluation by the running
- * ones in params. y = weight * (x - mean) / sqrt(var + eps) + bias. */
+ * ones in params. y = weight * (x - mean) / sqrt(var + eps) + bias = x * scale + shift. */
 static void bn_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch,
                        bool train)
 {
     const omv_model_layer_t *s = &self->spec;
     uint32_t c = s->in.c;
     size_t rows = (size_t)batch * s->in.h * s->in.w;
-    float *mean = self->stats, *var = self->stats + c, *inv = self->stats + 2 * c;
+    float *st = self->stats, *mean = st + BN_MEAN * c, *var = st + BN_VAR * c;
+    float *inv = st + BN_INV * c, *scale = st + BN_SCALE * c, *shift = st + BN_SHIFT * c;
     if (train) {
-        bn_moments(mean, var, in, rows, c, self->acc);
+        bn_moments(st, in, rows, c, self->acc);
     } else {
         memcpy(mean, params + s->s_offset, c * sizeof(float));
         memcpy(var, params + s->s_offset + c, c * sizeof(float));
     }
-    for (uint32_t j = 0; j < c; j++)
-        inv[j] = 1.0f / sqrtf(var[j] + BN_EPS);
     const float *g = params + s->w_offset, *b = params + s->b_offset;
-    for (size_t r = 0; r < rows; r++) {
-        const float *x = in + r * c;
-        float *restrict xh = self->xhat + r * c, *restrict y = self->out + r * c;
-        for (uint32_t j = 0; j < c; j++) {
-            xh[j] = (x[j] - mean[j]) * inv[j];
-            y[j] = g[j] * xh[j] + b[j];
-        }
+    for (uint32_t j = 0; j < c; j++) {
+        inv[j] = 1.0f / sqrtf(var[j] + BN_EPS);
+        scale[j] = g[j] * inv[j];
+        shift[j] = b[j] - mean[j] * scale[j];
     }
+    scale_shift(self->out, in, scale, shift, rows, c);
 }
 
-/* dweight = sum dy * xhat, dbias = sum dy, dx = weight / std * (dy - dbias / R - xhat dweight / R)
- * over the R rows; and the running statistics moved towards the batch's (unbiased variance). */
-static void bn_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
-                        float *grad)
+/* out = d * p + x * q + k per channel, over rows[n][c]. */
+static void bn_input_gradient(float *restrict out, const float *restrict d, const float *restrict x,
+                              const float *restrict p, const float *restrict q,
+                              const float *restrict k, size_t rows, uint32_t c)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < c; j++)
+            out[r * c + j] = d[r * c + j] * p[j] + x[r * c + j] * q[j] + k[j];
+}
+
+/* With xhat = (x - mean) inv over the R rows: dweight = sum dy xhat, dbias = sum dy, and
+ * dx = weight inv (dy - dbias / R - xhat dweight / R), which is dy p + x q + k per channel; the
+ * normalised input is computed again from the input rather than kept. The running statistics
+ * move towards the batch's (unbiased variance). */
+static void bn_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                        uint32_t batch, float *grad)
 {
     const omv_model_layer_t *s = &self->spec;
     uint32_t c = s->in.c;
     size_t rows = (size_t)batch * s->in.h * s->in.w;
+    float *st = self->stats, *mean = st + BN_MEAN * c, *var = st + BN_VAR * c;
+    float *inv = st + BN_INV * c;
     float *dg = grad + s->w_offset, *db = grad + s->b_offset;
-    memset(dg, 0, c * sizeof(float));
-    memset(db, 0, c * sizeof(float));
-    for (size_t r = 0; r < rows; r++) {
-        const float *d = self->dout + r * c, *xh = self->xhat + r * c;
-        for (uint32_t j = 0; j < c; j++) {
-            dg[j] += d[j] * xh[j];
-            db[j] += d[j];
-        }
+    /* Sums of dy and of dy (x - mean): zeros stand in for dy's shift. */
+    float *zero = st + BN_SHIFT * c;
+    memset(zero, 0, c * sizeof(float));
+    bn_sums(self->acc, self->dout, zero, in, mean, rows, c, st + BN_SUM1 * c, st + BN_SUM2 * c);
+    for (uint32_t j = 0; j < c; j++) {
+        db[j] = (float)self->acc[j];
+        dg[j] = (float)(self->acc[c + j] * inv[j]);
     }
-    const float *mean = self->stats, *var = self->stats + c, *inv = self->stats + 2 * c;
     const float *run = params + s->s_offset;
     float *new_run = grad + s->s_offset;
     double unbias = rows > 1 ? (double)rows / (double)(rows - 1) : 1.0;
@@ -584,13 +627,14 @@ static void bn_backward(omv_layer_t *self, const float *params, float *din, uint
     if (din == NULL)
         return;
     const float *g = params + s->w_offset;
+    float *p = st + BN_SCALE * c, *q = st + BN_SUM1 * c, *k = st + BN_SUM2 * c;
     float inv_r = 1.0f / (float)rows;
-    for (size_t r = 0; r < rows; r++) {
-        const float *d = self->dout + r * c, *xh = self->xhat + r * c;
-        float *restrict dx = din + r * c;
-        for (uint32_t j = 0; j < c; j++)
-            dx[j] = g[j] * inv[j] * (d[j] - db[j] * inv_r - xh[j] * dg[j] * inv_r);
+    for (uint32_t j = 0; j < c; j++) {
+        p[j] = g[j] * inv[j];
+        q[j] = -p[j] * inv[j] * dg[j] * inv_r;
+        k[j] = -p[j] * db[j] * inv_r - q[j] * mean[j];
     }
+    bn_input_gradient(din, self->dout, in, p, q, k, rows, c);
 }
 
 /* ---- residual connections ---- */
@@ -705,7 +749,7 @@ void omv_layer_backward(omv_layer_t *self, const float *params, const float *in,
             gap_backward(self, din, batch);
         break;
     case OMV_LAYER_BATCHNORM:
-        bn_backward(self, params, din, batch, grad);
+        bn_backward(self, params, in, din, batch, grad);
         break;
     case OMV_LAYER_ADD:
         add_backward(self, params, din, batch, grad);
