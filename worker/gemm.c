@@ -119,3 +119,35 @@ void omv_gemm_tn(int m, int n, int k, const float *a, int lda, const float *b, i
     }
     omv_blas_gemm(true, false, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
+
+int omv_gemm_im2col(const float *in, float *col, int batch, const omv_lower_shape_t *s)
+{
+    switch (pick(s->c)) {
+#if defined(__x86_64__) && defined(OMV_GEMM_X86)
+    case OMV_GEMM_AVX512:
+        omv_lower_kernel_im2col_avx512(in, col, batch, s);
+        return 0;
+    case OMV_GEMM_AVX2:
+        omv_lower_kernel_im2col_avx2(in, col, batch, s);
+        return 0;
+#endif
+    default:
+        return -ENOTSUP;
+    }
+}
+
+int omv_gemm_col2im(const float *col, float *din, int batch, const omv_lower_shape_t *s)
+{
+    switch (pick(s->c)) {
+#if defined(__x86_64__) && defined(OMV_GEMM_X86)
+    case OMV_GEMM_AVX512:
+        omv_lower_kernel_col2im_avx512(col, din, batch, s);
+        return 0;
+    case OMV_GEMM_AVX2:
+        omv_lower_kernel_col2im_avx2(col, din, batch, s);
+        return 0;
+#endif
+    default:
+        return -ENOTSUP;
+    }
+}

@@ -20,6 +20,21 @@ void omv_gemm_nn(int m, int n, int k, const float *a, int lda, const float *b, i
 void omv_gemm_tn(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float beta,
                  float *c, int ldc);
 
+/* A convolution's geometry for lowering: input h x w x c (channels-last), output oh x ow,
+ * kernel kh x kw, stride and zero padding. */
+typedef struct {
+    int h, w, c, oh, ow, kh, kw, stride, pad;
+} omv_lower_shape_t;
+
+/* col[(n, oy, ox)][(ky, kx, c)] = in[n][oy * stride - pad + ky][ox * stride - pad + kx][c], zero
+ * outside, for batch images. Returns 0, or -ENOTSUP where our kernels do not take the shape (c
+ * not a whole number of vectors): the caller lowers it itself. */
+int omv_gemm_im2col(const float *in, float *col, int batch, const omv_lower_shape_t *s);
+
+/* The adjoint: din[batch][h][w][c] = 0, then every col entry added back where it came from.
+ * Returns 0 or -ENOTSUP as omv_gemm_im2col. */
+int omv_gemm_col2im(const float *col, float *din, int batch, const omv_lower_shape_t *s);
+
 /* The best kernels this CPU runs (the first call decides; later calls return the same). */
 omv_gemm_kernels_t omv_gemm_best(void);
 

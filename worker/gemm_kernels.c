@@ -193,3 +193,101 @@ void NAME(omv_gemm_kernel_tn)(int m, int n, int k, const float *a, int lda, cons
         break;
     }
 }
+
+/* The vectors of one pixel's c = nv * W channels: to (add: added to) dst from src. */
+INLINE void pixel_copy(float *dst, const float *src, int nv, int add)
+{
+    for (int v = 0; v < nv; v++)
+        store(dst + v * W, add ? load(dst + v * W) + load(src + v * W) : load(src + v * W));
+}
+
+INLINE void pixel_zero(float *dst, int nv)
+{
+    for (int v = 0; v < nv; v++)
+        store(dst + v * W, (vf){0});
+}
+
+/* The output columns [ret_lo, ret_hi) whose whole window lies inside the input's width. */
+INLINE void inner_columns(const omv_lower_shape_t *s, int *ret_lo, int *ret_hi)
+{
+    int lo = (s->pad + s->stride - 1) / s->stride;
+    int hi = s->w + s->pad - s->kw >= 0 ? (s->w + s->pad - s->kw) / s->stride + 1 : 0;
+    hi = hi > s->ow ? s->ow : hi;
+    *ret_lo = lo < hi ? lo : hi;
+    *ret_hi = hi > *ret_lo ? hi : *ret_lo;
+}
+
+/* Output column ox of kernel row ky (input row y, inside): one pixel at a time, the ones past
+ * the edges zero (to_col) or skipped. */
+INLINE void edge_column(const int NV, int to_col, float *row, float *col, int ox,
+                        const omv_lower_shape_t *s)
+{
+    for (int kx = 0; kx < s->kw; kx++, col += NV * W) {
+        int x = ox * s->stride - s->pad + kx;
+        if (x >= 0 && x < s->w)
+            pixel_copy(to_col ? col : row + (size_t)x * NV * W,
+                       to_col ? row + (size_t)x * NV * W : col, NV, !to_col);
+        else if (to_col)
+            pixel_zero(col, NV);
+    }
+}
+
+/* One image's lowering (to_col) or its adjoint, by output row and kernel row: the columns
+ * whose window is inside copy kw pixels in a row (contiguous on both sides), the few at the
+ * edges go pixel by pixel. NV (vectors a pixel) is constant where inlined. */
+INLINE void lower_image(const int NV, int to_col, float *img, float *col,
+                        const omv_lower_shape_t *s)
+{
+    size_t row_len = (size_t)s->kh * s->kw * NV * W, span = (size_t)s->kw * NV * W;
+    int lo, hi;
+    inner_columns(s, &lo, &hi);
+    for (int oy = 0; oy < s->oh; oy++)
+        for (int ky = 0; ky < s->kh; ky++) {
+            int y = oy * s->stride - s->pad + ky;
+            float *c0 = col + (size_t)oy * s->ow * row_len + ky * span;
+            if (y < 0 || y >= s->h) {
+                for (int ox = 0; to_col && ox < s->ow; ox++)
+                    pixel_zero(c0 + ox * row_len, s->kw * NV);
+                continue;
+            }
+            float *row = img + (size_t)y * s->w * NV * W;
+            for (int ox = 0; ox < lo; ox++)
+                edge_column(NV, to_col, row, c0 + ox * row_len, ox, s);
+            for (int ox = lo; ox < hi; ox++) {
+                float *px = row + (size_t)(ox * s->stride - s->pad) * NV * W,
+                      *cp = c0 + ox * row_len;
+                pixel_copy(to_col ? cp : px, to_col ? px : cp, s->kw * NV, !to_col);
+            }
+            for (int ox = hi; ox < s->ow; ox++)
+                edge_column(NV, to_col, row, c0 + ox * row_len, ox, s);
+        }
+}
+
+INLINE void lower(int to_col, float *img, float *col, int batch, const omv_lower_shape_t *s)
+{
+    int nv = s->c / W;
+    size_t img_size = (size_t)s->h * s->w * s->c,
+           col_size = (size_t)s->oh * s->ow * s->kh * s->kw * s->c;
+    if (!to_col)
+        memset(img, 0, (size_t)batch * img_size * sizeof(float));
+    for (int n = 0; n < batch; n++, img += img_size, col += col_size) {
+        if (nv == 1)
+            lower_image(1, to_col, img, col, s);
+        else if (nv == 2)
+            lower_image(2, to_col, img, col, s);
+        else
+            lower_image(nv, to_col, img, col, s);
+    }
+}
+
+void NAME(omv_lower_kernel_im2col)(const float *in, float *col, int batch,
+                                   const omv_lower_shape_t *s)
+{
+    lower(1, (float *)in, col, batch, s);
+}
+
+void NAME(omv_lower_kernel_col2im)(const float *col, float *din, int batch,
+                                   const omv_lower_shape_t *s)
+{
+    lower(0, din, (float *)col, batch, s);
+}

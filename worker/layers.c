@@ -256,6 +256,34 @@ static void transpose(float *restrict wt, const float *restrict w, uint32_t n, s
             wt[i * n + o] = w[(size_t)o * k + i];
 }
 
+static omv_lower_shape_t lower_shape(const omv_model_layer_t *s)
+{
+    return (omv_lower_shape_t){.h = (int)s->in.h,
+                               .w = (int)s->in.w,
+                               .c = (int)s->in.c,
+                               .oh = (int)s->out.h,
+                               .ow = (int)s->out.w,
+                               .kh = (int)s->kh,
+                               .kw = (int)s->kw,
+                               .stride = (int)s->stride,
+                               .pad = (int)s->pad};
+}
+
+/* The lowering of count images: our vector kernels where the channels fill whole vectors. */
+static void lower(const omv_model_layer_t *s, const float *in, float *col, uint32_t count)
+{
+    omv_lower_shape_t shape = lower_shape(s);
+    if (omv_gemm_im2col(in, col, (int)count, &shape) < 0)
+        im2col(s, in, col, count);
+}
+
+static void unlower(const omv_model_layer_t *s, const float *col, float *din, uint32_t count)
+{
+    omv_lower_shape_t shape = lower_shape(s);
+    if (omv_gemm_col2im(col, din, (int)count, &shape) < 0)
+        col2im(s, col, din, count);
+}
+
 static void conv_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
 {
     const omv_model_layer_t *s = &self->spec;
@@ -264,7 +292,7 @@ static void conv_forward(omv_layer_t *self, const float *params, const float *in
     transpose(self->wt, params + s->w_offset, s->units, s->fan_in);
     for (uint32_t i = 0; i < batch; i += self->chunk) {
         uint32_t count = batch - i < self->chunk ? batch - i : self->chunk;
-        im2col(s, in + (size_t)i * self->in_size, self->col, count);
+        lower(s, in + (size_t)i * self->in_size, self->col, count);
         /* out[rows][out_c] = bias + col[rows][k] * wt[k][out_c] */
         omv_gemm_nn((int)(count * per_image), n, k, self->col, k, self->wt, n, 0.0f,
                     params + s->b_offset, self->out + (size_t)i * self->out_size, n);
@@ -286,7 +314,7 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
         end = i;
         const float *dout = self->dout + (size_t)i * self->out_size;
         if (i != last)
-            im2col(s, in + (size_t)i * self->in_size, self->col, count);
+            lower(s, in + (size_t)i * self->in_size, self->col, count);
         /* dW[out_c][k] (+)= dout^T[out_c][rows] * col[rows][k] */
         omv_gemm_tn(n, k, rows, dout, n, self->col, k, i == last ? 0.0f : 1.0f, grad + s->w_offset,
                     k);
@@ -295,7 +323,7 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
         /* The lowered input is no longer needed: its buffer takes its gradient,
          * dcol[rows][k] = dout[rows][out_c] * W[out_c][k]. */
         omv_gemm_nn(rows, k, n, dout, n, params + s->w_offset, k, 0.0f, NULL, self->col, k);
-        col2im(s, self->col, din + (size_t)i * self->in_size, count);
+        unlower(s, self->col, din + (size_t)i * self->in_size, count);
     }
 }
 
