@@ -102,6 +102,34 @@ void omv_gemm_nn(int m, int n, int k, const float *a, int lda, const float *b, i
     omv_blas_gemm(false, false, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
 }
 
+void omv_gemm_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float beta,
+                 const float *bias, float *c, int ldc)
+{
+    switch (omv_gemm_current()) {
+#if defined(__x86_64__) && defined(OMV_GEMM_X86)
+    case OMV_GEMM_AVX512:
+        omv_gemm_kernel_nt_avx512(m, n, k, a, lda, b, ldb, c, ldc, bias, beta != 0.0f);
+        return;
+    case OMV_GEMM_AVX2:
+        omv_gemm_kernel_nt_avx2(m, n, k, a, lda, b, ldb, c, ldc, bias, beta != 0.0f);
+        return;
+#endif
+    default:
+        break;
+    }
+    if (bias != NULL) {
+        for (int r = 0; r < m; r++)
+            memcpy(c + (size_t)r * ldc, bias, (size_t)n * sizeof(float));
+        beta = 1.0f;
+    }
+    omv_blas_gemm(false, true, m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+}
+
+bool omv_gemm_fits(int n)
+{
+    return pick(n) != OMV_GEMM_BLAS;
+}
+
 void omv_gemm_tn(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float beta,
                  float *c, int ldc)
 {

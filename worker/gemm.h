@@ -20,6 +20,15 @@ void omv_gemm_nn(int m, int n, int k, const float *a, int lda, const float *b, i
 void omv_gemm_tn(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float beta,
                  float *c, int ldc);
 
+/* c[m][n] = bias (each row; NULL: none) + beta * c + a[m][k] * b[n][k]^T, beta 0 or 1 (with a
+ * bias, beta must be 0): a fully connected layer's forward against its [out][in] weights. */
+void omv_gemm_nt(int m, int n, int k, const float *a, int lda, const float *b, int ldb, float beta,
+                 const float *bias, float *c, int ldc);
+
+/* Whether our kernels take products of n columns (omv_gemm_nn, omv_gemm_tn) or lower c
+ * channels: n a whole number of vectors and kernels in use. */
+bool omv_gemm_fits(int n);
+
 /* A convolution's geometry for lowering: input h x w x c (channels-last), output oh x ow,
  * kernel kh x kw, stride and zero padding. */
 typedef struct {

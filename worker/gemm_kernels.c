@@ -291,3 +291,67 @@ void NAME(omv_lower_kernel_col2im)(const float *col, float *din, int batch,
 {
     lower(0, din, (float *)col, batch, s);
 }
+
+INLINE float hsum(vf v)
+{
+    float t = 0.0f;
+    for (int e = 0; e < W; e++)
+        t += v[e];
+    return t;
+}
+
+/* c[mr][nr] = (bias, or c when acc, or 0) + a[mr][k] b[nr][k]^T: dot products along k, whole
+ * vectors and then the k % W left. Rows past mr (nr) repeat the first and are not stored. */
+INLINE void nt_tile(const int MR, const int NR, int mr, int nr, int k, const float *a, int lda,
+                    const float *b, int ldb, float *c, int ldc, const float *bias, int acc)
+{
+    vf s[MAX_MR][MAX_MR];
+    const float *ar[MAX_MR], *br[MAX_MR];
+#pragma GCC unroll 12
+    for (int r = 0; r < MR; r++) {
+        ar[r] = a + (size_t)(r < mr ? r : 0) * lda;
+#pragma GCC unroll 12
+        for (int j = 0; j < NR; j++)
+            s[r][j] = (vf){0};
+    }
+#pragma GCC unroll 12
+    for (int j = 0; j < NR; j++)
+        br[j] = b + (size_t)(j < nr ? j : 0) * ldb;
+    int p = 0;
+    for (; p + W <= k; p += W) {
+        vf bv[MAX_MR];
+#pragma GCC unroll 12
+        for (int j = 0; j < NR; j++)
+            bv[j] = load(br[j] + p);
+#pragma GCC unroll 12
+        for (int r = 0; r < MR; r++) {
+            vf x = load(ar[r] + p);
+#pragma GCC unroll 12
+            for (int j = 0; j < NR; j++)
+                s[r][j] += x * bv[j];
+        }
+    }
+    for (int r = 0; r < mr; r++)
+        for (int j = 0; j < nr; j++) {
+            float t = hsum(s[r][j]);
+            for (int q = p; q < k; q++)
+                t += ar[r][q] * br[j][q];
+            float *cp = c + (size_t)r * ldc + j;
+            *cp = t + (bias ? bias[j] : acc ? *cp : 0.0f);
+        }
+}
+
+void NAME(omv_gemm_kernel_nt)(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                              float *c, int ldc, const float *bias, int acc)
+{
+    enum { MR = 4, NR = W == 16 ? 6 : 3 };
+    for (int j = 0; j < n; j += NR) {
+        int nr = n - j < NR ? n - j : NR;
+        const float *bj = b + (size_t)j * ldb, *biasj = bias ? bias + j : NULL;
+        for (int i = 0; i < m; i += MR) {
+            int mr = m - i < MR ? m - i : MR;
+            nt_tile(MR, NR, mr, nr, k, a + (size_t)i * lda, lda, bj, ldb, c + (size_t)i * ldc + j,
+                    ldc, biasj, acc);
+        }
+    }
+}

@@ -18,6 +18,12 @@ void omv_gemm_kernel_tn_avx512(int m, int n, int k, const float *a, int lda, con
 void omv_gemm_kernel_tn_avx2(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
                              float *c, int ldc, int acc);
 
+/* c[m][n] = (bias[n] on every row, else c when acc, else 0) + a[m][k] * b[n][k]^T, any k. */
+void omv_gemm_kernel_nt_avx512(int m, int n, int k, const float *a, int lda, const float *b,
+                               int ldb, float *c, int ldc, const float *bias, int acc);
+void omv_gemm_kernel_nt_avx2(int m, int n, int k, const float *a, int lda, const float *b, int ldb,
+                             float *c, int ldc, const float *bias, int acc);
+
 /* omv_gemm_im2col and omv_gemm_col2im for c a multiple of the vector width. */
 /* col[(n, oy, ox)][(ky, kx, c)] = in[n][oy * stride - pad + ky][ox * stride - pad + kx][c], zero
  * outside; and its adjoint: din = 0, then every col entry added back where it came from. */

@@ -127,13 +127,6 @@ void omv_layer_fini(omv_layer_t *self)
 
 /* ---- fully connected ---- */
 
-/* rows[n][c] = bias[c] for every row. */
-static void fill_bias(float *rows, size_t n, const float *bias, uint32_t c)
-{
-    for (size_t r = 0; r < n; r++)
-        memcpy(rows + r * c, bias, c * sizeof(float));
-}
-
 /* db[c] = sum over rows of d[n][c]. */
 static void sum_rows(float *db, const float *d, size_t n, uint32_t c)
 {
@@ -149,10 +142,9 @@ static void fc_forward(omv_layer_t *self, const float *params, const float *in, 
 {
     const omv_model_layer_t *s = &self->spec;
     int k = (int)s->fan_in, n = (int)s->units;
-    fill_bias(self->out, batch, params + s->b_offset, s->units);
-    /* out[batch][units] += in[batch][fan_in] * W[units][fan_in]^T */
-    omv_blas_gemm(false, true, (int)batch, n, k, 1.0f, in, k, params + s->w_offset, k, 1.0f,
-                  self->out, n);
+    /* out[batch][units] = bias + in[batch][fan_in] * W[units][fan_in]^T */
+    omv_gemm_nt((int)batch, n, k, in, k, params + s->w_offset, k, 0.0f, params + s->b_offset,
+                self->out, n);
 }
 
 static void fc_backward(omv_layer_t *self, const float *params, const float *in, float *din,
@@ -161,12 +153,10 @@ static void fc_backward(omv_layer_t *self, const float *params, const float *in,
     const omv_model_layer_t *s = &self->spec;
     int k = (int)s->fan_in, n = (int)s->units;
     /* dW[units][fan_in] = dout^T[units][batch] * in[batch][fan_in] */
-    omv_blas_gemm(true, false, n, k, (int)batch, 1.0f, self->dout, n, in, k, 0.0f,
-                  grad + s->w_offset, k);
+    omv_gemm_tn(n, k, (int)batch, self->dout, n, in, k, 0.0f, grad + s->w_offset, k);
     sum_rows(grad + s->b_offset, self->dout, batch, s->units);
     if (din != NULL) /* din[batch][fan_in] = dout[batch][units] * W[units][fan_in] */
-        omv_blas_gemm(false, false, (int)batch, k, n, 1.0f, self->dout, n, params + s->w_offset, k,
-                      0.0f, din, k);
+        omv_gemm_nn((int)batch, k, n, self->dout, n, params + s->w_offset, k, 0.0f, NULL, din, k);
 }
 
 /* ---- convolution ---- */
@@ -247,13 +237,13 @@ static void col2im(const omv_model_layer_t *s, const float *col, float *din, uin
     }
 }
 
-/* wt[k][out_c] = w[out_c][k]: the weights as the right-hand side of the forward product, so
- * that its rows are output channels in a row, as the output is. */
-static void transpose(float *restrict wt, const float *restrict w, uint32_t n, size_t k)
+/* dst[cols][rows] = src[rows][cols]^T: the weights [out_c][k] as the right-hand side of the
+ * forward product ([k][out_c], rows of output channels as the output has), and back. */
+static void transpose(float *restrict dst, const float *restrict src, size_t rows, size_t cols)
 {
-    for (uint32_t o = 0; o < n; o++)
-        for (size_t i = 0; i < k; i++)
-            wt[i * n + o] = w[(size_t)o * k + i];
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < cols; i++)
+            dst[i * rows + r] = src[r * cols + i];
 }
 
 static omv_lower_shape_t lower_shape(const omv_model_layer_t *s)
@@ -307,6 +297,9 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
     int k = (int)s->fan_in, n = (int)s->units;
     size_t per_image = (size_t)s->out.h * s->out.w;
     sum_rows(grad + s->b_offset, self->dout, (size_t)batch * per_image, s->units);
+    /* Where our kernels take out_c columns and not k (a first layer's k = kh * kw), the weight
+     * gradient is made transposed in wt (free in backward) and turned at the end. */
+    bool flip = !omv_gemm_fits(k) && omv_gemm_fits(n);
     uint32_t last = (batch - 1) / self->chunk * self->chunk;
     for (uint32_t end = batch; end > 0;) {
         uint32_t i = (end - 1) / self->chunk * self->chunk, count = end - i;
@@ -315,9 +308,13 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
         const float *dout = self->dout + (size_t)i * self->out_size;
         if (i != last)
             lower(s, in + (size_t)i * self->in_size, self->col, count);
-        /* dW[out_c][k] (+)= dout^T[out_c][rows] * col[rows][k] */
-        omv_gemm_tn(n, k, rows, dout, n, self->col, k, i == last ? 0.0f : 1.0f, grad + s->w_offset,
-                    k);
+        /* dW[out_c][k] (+)= dout^T[out_c][rows] * col[rows][k], or flipped
+         * dWt[k][out_c] (+)= col^T[k][rows] * dout[rows][out_c] */
+        float beta = i == last ? 0.0f : 1.0f;
+        if (flip)
+            omv_gemm_tn(k, n, rows, self->col, k, dout, n, beta, self->wt, n);
+        else
+            omv_gemm_tn(n, k, rows, dout, n, self->col, k, beta, grad + s->w_offset, k);
         if (din == NULL)
             continue;
         /* The lowered input is no longer needed: its buffer takes its gradient,
@@ -325,6 +322,8 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
         omv_gemm_nn(rows, k, n, dout, n, params + s->w_offset, k, 0.0f, NULL, self->col, k);
         unlower(s, self->col, din + (size_t)i * self->in_size, count);
     }
+    if (flip)
+        transpose(grad + s->w_offset, self->wt, s->fan_in, s->units);
 }
 
 /* ---- pooling ---- */
