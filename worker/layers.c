@@ -1,6 +1,7 @@
-/* Forward and backward of each layer kind. Convolutions are lowered over the whole batch: one
- * im2col of every image into one matrix and one GEMM, as Omnivore does on CPUs. Batch norm
- * works on channels-last rows, so per-channel statistics are loops over contiguous channels. */
+/* Forward and backward of each layer kind. Convolutions are lowered as Omnivore does on CPUs
+ * (im2col into one matrix, one GEMM), a cache-sized chunk of images at a time; the products run
+ * in worker/gemm.c. Batch norm works on channels-last rows, so per-channel statistics are loops
+ * over contiguous channels. */
 #include "layers.h"
 
 #include <errno.h>
@@ -9,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas.h"
 #include "gemm.h"
 
 /* Allocates and touches count elements, so the step never pays for first-touch page faults. */
