@@ -127,15 +127,19 @@ void omv_layer_fini(omv_layer_t *self)
 
 /* ---- fully connected ---- */
 
-/* db[c] = sum over rows of d[n][c]. */
+/* db[c] (+)= sum over rows of d[n][c]: added when acc, else written. */
+static void sum_rows_to(float *restrict db, const float *restrict d, size_t n, uint32_t c, bool acc)
+{
+    if (!acc)
+        memset(db, 0, c * sizeof(float));
+    for (size_t r = 0; r < n; r++)
+        for (uint32_t j = 0; j < c; j++)
+            db[j] += d[r * c + j];
+}
+
 static void sum_rows(float *db, const float *d, size_t n, uint32_t c)
 {
-    memset(db, 0, c * sizeof(float));
-    for (size_t r = 0; r < n; r++) {
-        const float *dr = d + r * c;
-        for (uint32_t j = 0; j < c; j++)
-            db[j] += dr[j];
-    }
+    sum_rows_to(db, d, n, c, false);
 }
 
 static void fc_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
@@ -296,7 +300,6 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
     const omv_model_layer_t *s = &self->spec;
     int k = (int)s->fan_in, n = (int)s->units;
     size_t per_image = (size_t)s->out.h * s->out.w;
-    sum_rows(grad + s->b_offset, self->dout, (size_t)batch * per_image, s->units);
     /* Where our kernels take out_c columns and not k (a first layer's k = kh * kw), the weight
      * gradient is made transposed in wt (free in backward) and turned at the end. */
     bool flip = !omv_gemm_fits(k) && omv_gemm_fits(n);
@@ -306,6 +309,8 @@ static void conv_backward(omv_layer_t *self, const float *params, const float *i
         int rows = (int)(count * per_image);
         end = i;
         const float *dout = self->dout + (size_t)i * self->out_size;
+        /* The bias gradient by chunks too, while its part of dout is in cache. */
+        sum_rows_to(grad + s->b_offset, dout, (size_t)rows, s->units, i != last);
         if (i != last)
             lower(s, in + (size_t)i * self->in_size, self->col, count);
         /* dW[out_c][k] (+)= dout^T[out_c][rows] * col[rows][k], or flipped
