@@ -4,7 +4,9 @@
  * Thread use is compared both ways: BLAS threads on the whole batch (blas), and the engine's
  * batch split across threads, each with its own buffers and one BLAS thread (split). Prints a
  * table, then all figures as one JSON object on the last line. bench_net [--reps N] [--rep-seconds
- * S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn,resnet]
+ * S] [--batches 64,256] [--threads 1,2] [--models mlp,cnn,resnet] [--kernels blas|avx2|avx512]
+ * (--kernels: which of the engine's product kernels run, worker/gemm.h; default the best the
+ * CPU has).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +15,7 @@
 
 #include "blas.h"
 #include "config.h"
+#include "gemm.h"
 #include "model.h"
 #include "net.h"
 #include "rng.h"
@@ -195,7 +198,15 @@ int main(int argc, char **argv)
             n_batches = parse_list(argv[i + 1], batches, 4);
         else if (strcmp(argv[i], "--threads") == 0)
             n_threads = parse_list(argv[i + 1], threads, 4);
-        else if (strcmp(argv[i], "--models") == 0) {
+        else if (strcmp(argv[i], "--kernels") == 0) {
+            int k = strcmp(argv[i + 1], "avx512") == 0 ? OMV_GEMM_AVX512
+                    : strcmp(argv[i + 1], "avx2") == 0 ? OMV_GEMM_AVX2
+                                                       : OMV_GEMM_BLAS;
+            if (omv_gemm_use((omv_gemm_kernels_t)k) < 0) {
+                fprintf(stderr, "bench_net: no %s kernels on this CPU or build\n", argv[i + 1]);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--models") == 0) {
             want[0] = strstr(argv[i + 1], "mlp") != NULL;
             want[1] = strstr(argv[i + 1], "cnn") != NULL;
             want[2] = strstr(argv[i + 1], "resnet") != NULL;
@@ -209,12 +220,16 @@ int main(int argc, char **argv)
     printf("# bench_net: OPENBLAS_CORETYPE=%s, %d repeats of ~%.1f s, median\n", env ? env : "",
            reps, rep_seconds);
     printf("# blas: %s\n", omv_blas_info());
+    /* The convolutions and fully connected layers run in our kernels where they fit
+     * (worker/gemm.h): the SGEMM peak below is BLAS's, so a layer may pass 100% of it. */
+    printf("# engine kernels: %s\n", omv_gemm_name(omv_gemm_current()));
 
     omv_strbuf_t json;
     omv_strbuf_init(&json);
     omv_strbuf_printf(&json, "{\"openblas_coretype\":");
     omv_strbuf_json_string(&json, env ? env : "");
-    omv_strbuf_printf(&json, ",\"sgemm_peak_gflops\":{");
+    omv_strbuf_printf(&json, ",\"engine_kernels\":\"%s\",\"sgemm_peak_gflops\":{",
+                      omv_gemm_name(omv_gemm_current()));
     double peak[5] = {0};
     for (int t = 0; t < n_threads; t++) {
         omv_blas_set_threads(threads[t]);

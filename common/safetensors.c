@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,19 +71,29 @@ static int weight(list_t *l, const char *prefix, uint32_t index, const omv_model
     return 0;
 }
 
-/* The image an fc layer's input was flattened from (through flatten, and ReLU or dropout after
- * it): its weights are in that image's order. */
+/* The image a layer's input was flattened from (through flatten, and ReLU, dropout or 1-D batch
+ * norm after it, which keep the order of the features): an fc layer's weights and a 1-D batch
+ * norm's vectors are in that image's order, which PyTorch flattens channels first. */
 static omv_shape_t flat_from(const omv_model_layout_t *layout, uint32_t i)
 {
     omv_shape_t in = layout->layers[i].in;
     for (uint32_t j = i; j-- > 0;) {
-        omv_layer_kind_t k = layout->layers[j].kind;
-        if (k == OMV_LAYER_FLATTEN)
-            in = layout->layers[j].in;
-        else if (k != OMV_LAYER_RELU && k != OMV_LAYER_DROPOUT)
+        const omv_model_layer_t *L = &layout->layers[j];
+        bool vector_bn = L->kind == OMV_LAYER_BATCHNORM && L->in.h == 1 && L->in.w == 1;
+        if (L->kind == OMV_LAYER_FLATTEN)
+            in = L->in;
+        else if (L->kind != OMV_LAYER_RELU && L->kind != OMV_LAYER_DROPOUT && !vector_bn)
             break;
     }
     return in;
+}
+
+/* A 1-D batch norm on a flattened image: its vectors [h * w * c] in our (y, x, c) order are
+ * PyTorch's (c, y, x), the permutation of an fc weight of one output. */
+static void flattened_vector(omv_tensor_t *t, omv_shape_t img)
+{
+    t->o = 1;
+    t->h = img.h, t->w = img.w, t->c = img.c;
 }
 
 int omv_safetensors_tensors(const omv_model_layout_t *layout, omv_tensor_t *ret, size_t cap)
@@ -104,10 +115,15 @@ int omv_safetensors_tensors(const omv_model_layout_t *layout, omv_tensor_t *ret,
             r = r ? r : vec(&l, "proj", n_proj, "bias", L->b_offset, L->b_count);
         } else if (L->kind == OMV_LAYER_BATCHNORM) {
             uint32_t k = ++n_bn, c = L->in.c;
+            size_t first = l.n;
             r = vec(&l, "bn", k, "weight", L->w_offset, c);
             r = r ? r : vec(&l, "bn", k, "bias", L->b_offset, c);
             r = r ? r : vec(&l, "bn", k, "running_mean", L->s_offset, c);
             r = r ? r : vec(&l, "bn", k, "running_var", L->s_offset + c, c);
+            omv_shape_t img = flat_from(layout, i);
+            bool flattened = L->in.h == 1 && L->in.w == 1 && img.h * img.w > 1;
+            for (size_t v = first; r == 0 && flattened && v < l.n; v++)
+                flattened_vector(&l.t[v], img);
             omv_tensor_t *t = r ? NULL : add(&l, "bn", k, "num_batches_tracked");
             if (t)
                 t->is_counter = 1; /* a scalar: ndim 0 */

@@ -140,9 +140,10 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_int_eq(ctl_sock(out, sizeof(out), "workers"), 0);
     ck_assert_msg(has_text(out, "state:idle") && !has_text(out, "state:alive"), "%s", out);
 
-    /* Two jobs: the first runs now, the second waits its turn. */
+    /* Two jobs: the first runs now, the second waits its turn. The first is long enough (20
+     * epochs, about a second) that the engine cannot finish it before the second is submitted. */
     char args[1200];
-    submit("--set job.name=first", out, sizeof(out));
+    submit("--set job.name=first --set job.epochs=20", out, sizeof(out));
     ck_assert_msg(has_text(out, "\nname:first\n") && has_text(out, "\nstate:waiting\n"), "%s", out);
     submit("--set job.name=second --set job.epochs=1", out, sizeof(out));
     ck_assert_msg(has_text(out, "\nstate:queued\nposition:1\n"), "%s", out);
@@ -166,7 +167,7 @@ START_TEST(test_queue_runs_jobs_with_the_same_workers)
     ck_assert_str_eq(state, "done");
     ck_assert_msg(field(f1 - 1, "test_accuracy") > 0.9 && field(f2 - 1, "test_accuracy") > 0.9,
                   "%s", out);
-    ck_assert_msg(fabs(field(f1 - 1, "epochs") - 2.0) < 0.1 &&
+    ck_assert_msg(fabs(field(f1 - 1, "epochs") - 20.0) < 0.1 &&
                       fabs(field(f2 - 1, "epochs") - 1.0) < 0.1,
                   "%s", out);
 

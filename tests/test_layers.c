@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "gemm.h"
 #include "model.h"
 #include "net.h"
 #include "rng.h"
@@ -51,10 +52,29 @@ static float central(fixture_t *f, size_t i, float eps)
     return (lp - lm) / (2.0f * eps);
 }
 
-/* Builds the model, checks every parameter's gradient against central differences at two step
- * sizes (a parameter where they disagree sits on a ReLU or max kink and is skipped; there must
- * be few), and returns how many disagreed with the analytic gradient. */
-static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
+/* Whether parameter i is among per evenly spaced weights of its layer, or among 3 of its
+ * biases (per 0: every parameter is). */
+static bool sampled(const omv_model_layout_t *l, size_t i, size_t per)
+{
+    if (per == 0)
+        return true;
+    for (uint32_t j = 0; j < l->n_layers; j++) {
+        const omv_model_layer_t *L = &l->layers[j];
+        size_t w_step = L->w_count / per ? L->w_count / per : 1;
+        size_t b_step = L->b_count / 3 ? L->b_count / 3 : 1;
+        if (i >= L->w_offset && i < L->w_offset + L->w_count)
+            return (i - L->w_offset) % w_step == w_step / 2;
+        if (i >= L->b_offset && i < L->b_offset + L->b_count)
+            return (i - L->b_offset) % b_step == b_step / 2;
+    }
+    return false;
+}
+
+/* Builds the model, checks the gradient of every parameter (per 0) or of a sample of each
+ * layer's (sampled) against central differences at two step sizes (a parameter where they
+ * disagree sits on a ReLU or max kink and is skipped; there must be few), and returns how many
+ * disagreed with the analytic gradient. */
+static int gradient_mismatches_sampled(const char *text, uint32_t batch, uint64_t seed, size_t per)
 {
     omv_model_layout_t l = parse(text);
     fixture_t f = {0};
@@ -87,11 +107,14 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
     ck_assert_mem_eq(f.scratch, f.grad, n * sizeof(float));
 
     const float eps = 3e-3f;
-    int kinks = 0, bad = 0;
+    int kinks = 0, bad = 0, checked = 0;
     /* The state after state_offset (batch norm's running statistics) is not trained: what the
      * step writes there is checked in test_batchnorm_running_stats. */
     n = l.state_offset;
     for (size_t i = 0; i < n; i++) {
+        if (!sampled(&l, i, per))
+            continue;
+        checked++;
         float num = central(&f, i, eps);
         float half = central(&f, i, eps / 2);
         if (fabsf(num - half) > 2e-3f + 1e-2f * fabsf(num)) {
@@ -106,7 +129,7 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
             bad++;
         }
     }
-    ck_assert_msg(kinks <= (int)(n / 20) + 1, "%d of %zu parameters on kinks", kinks, n);
+    ck_assert_msg(kinks <= checked / 20 + 1, "%d of %d parameters on kinks", kinks, checked);
     /* A zero gradient everywhere would pass a careless check: some must be large. */
     float largest = 0.0f;
     for (size_t i = 0; i < n; i++)
@@ -115,6 +138,11 @@ static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
     free(f.params), free(f.grad), free(f.scratch), free(f.x), free(f.y);
     omv_net_destroy(&f.net);
     return bad;
+}
+
+static int gradient_mismatches(const char *text, uint32_t batch, uint64_t seed)
+{
+    return gradient_mismatches_sampled(text, batch, seed, 0);
 }
 
 START_TEST(test_fc_gradients)
@@ -142,6 +170,38 @@ START_TEST(test_conv_gradients)
     };
     for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
         ck_assert_int_eq(gradient_mismatches(models[i], 3, 10 + i), 0);
+}
+END_TEST
+
+/* The convolution tests run once per kernel set (worker/gemm.h): BLAS with the generic
+ * lowering, then our AVX2 and AVX-512 kernels where the CPU has them. False: skipped. */
+static bool use_kernels(int i)
+{
+    static const omv_gemm_kernels_t sets[] = {OMV_GEMM_BLAS, OMV_GEMM_AVX2, OMV_GEMM_AVX512};
+    if (omv_gemm_use(sets[i]) == 0)
+        return true;
+    fprintf(stderr, "test_layers: no %s kernels here: skipped\n", omv_gemm_name(sets[i]));
+    return false;
+}
+
+START_TEST(test_wide_conv_gradients)
+{
+    if (!use_kernels(_i))
+        return;
+    /* Channels that fill whole vectors take the engine's own GEMM kernels (worker/gemm.c); in
+     * the first model images large enough for several lowering chunks (14 images of 16x8x8
+     * through a 3x3 fill one): batch 17 runs a full chunk and a short one, backward from the
+     * last. A sample of the parameters (8 weights and 3 biases a layer), and a batch of 4 for
+     * the others, keep it quick (under valgrind too). */
+    static const char *const defs[] = {
+        "input 16x8x8\nconv 16 3x3 pad 1\nrelu\nconv 32 3x3 stride 2 pad 1\nglobalavgpool\nfc 3\n",
+        "input 8x8x8\nconv 16 3x3 pad 1\nconv 16 3x3 pad 1\nflatten\nfc 3\n",
+        "input 8x5x6\nconv 8 5x5 pad 2\nconv 16 5x3 stride 2 pad 2\nflatten\nfc 3\n",
+        /* A first layer's weight gradient made transposed (k = 9 fills no vector, 16 does). */
+        "input 1x9x9\nconv 16 3x3 pad 1\nconv 8 5x5 stride 2 pad 2\nflatten\nfc 3\n",
+    };
+    for (size_t i = 0; i < sizeof(defs) / sizeof(defs[0]); i++)
+        ck_assert_int_eq(gradient_mismatches_sampled(defs[i], i == 0 ? 17 : 4, 40 + i, 8), 0);
 }
 END_TEST
 
@@ -217,11 +277,24 @@ static void direct_conv(const float *in, const float *w, const float *b, float *
 
 START_TEST(test_conv_matches_direct)
 {
+    if (!use_kernels(_i))
+        return;
     static const struct {
         uint32_t c, h, w, o, kh, kw, stride, pad;
     } cases[] = {
-        {1, 8, 8, 4, 5, 5, 1, 2}, {3, 7, 6, 5, 3, 3, 2, 1},   {2, 9, 5, 3, 3, 2, 1, 0},
-        {4, 6, 6, 2, 1, 1, 1, 0}, {2, 10, 10, 3, 4, 4, 3, 2},
+        {1, 8, 8, 4, 5, 5, 1, 2},
+        {3, 7, 6, 5, 3, 3, 2, 1},
+        {2, 9, 5, 3, 3, 2, 1, 0},
+        {4, 6, 6, 2, 1, 1, 1, 0},
+        {2, 10, 10, 3, 4, 4, 3, 2},
+        /* Whole vectors of channels (the engine's own kernels), and in the second images large
+         * enough to be lowered one at a time (worker/layers.c, CONV_CHUNK_FLOATS). */
+        {16, 9, 7, 32, 3, 3, 2, 1},
+        {16, 28, 28, 16, 3, 3, 1, 1},
+        /* Windows wider than the image, uneven strides, 8 channels (AVX2 vectors). */
+        {8, 5, 6, 16, 5, 5, 1, 2},
+        {16, 4, 4, 16, 5, 5, 2, 3},
+        {8, 10, 3, 8, 3, 1, 3, 0},
     };
     enum { NB = 3 };
     for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++) {
@@ -671,6 +744,7 @@ int main(void)
     tcase_add_test(tc, test_fc_gradients);
     tcase_add_test(tc, test_relu_gradients);
     tcase_add_test(tc, test_conv_gradients);
+    tcase_add_loop_test(tc, test_wide_conv_gradients, 0, 3);
     tcase_add_test(tc, test_maxpool_gradients);
     tcase_add_test(tc, test_avgpool_gradients);
     tcase_add_test(tc, test_dropout_gradients);
@@ -684,7 +758,7 @@ int main(void)
     tcase_add_test(tc, test_batchnorm_running_stats);
     suite_add_tcase(s, tc);
     TCase *tv = tcase_create("values");
-    tcase_add_test(tv, test_conv_matches_direct);
+    tcase_add_loop_test(tv, test_conv_matches_direct, 0, 3);
     tcase_add_test(tv, test_pooling_by_hand);
     tcase_add_test(tv, test_dropout_mask);
     tcase_add_test(tv, test_cnn_learns_blobs);

@@ -168,6 +168,57 @@ START_TEST(test_export_as_pytorch_lays_it_out)
 }
 END_TEST
 
+START_TEST(test_flattened_batchnorm_in_pytorch_order)
+{
+    /* A 1-D batch norm straight after flatten normalises features that PyTorch numbers
+     * channels first, (c, y, x), and we channels last, (y, x, c): its four vectors are written
+     * in PyTorch's order, and so is the weight of the fc after it (through the ReLU too). A
+     * batch norm after an fc is over that layer's outputs: as they are. */
+    omv_model_layout_t l;
+    char perr[OMV_CONFIG_ERR_MAX];
+    ck_assert_int_eq(omv_model_parse(&l,
+                                     "input 3x2x2\nflatten\nbatchnorm\nrelu\nfc 4\nbatchnorm\n"
+                                     "fc 2\n",
+                                     "flat", perr),
+                     0);
+    const omv_model_layer_t *bn1 = &l.layers[1], *fc1 = &l.layers[3], *bn2 = &l.layers[4];
+    ck_assert_uint_eq(bn1->in.c, 12);
+    float *params = malloc(l.param_count * sizeof(float));
+    for (size_t i = 0; i < l.param_count; i++)
+        params[i] = (float)i;
+    char err[OMV_SAFETENSORS_ERR_MAX] = "";
+    ck_assert_msg(omv_safetensors_write(path, &l, params, NULL, NULL, 0, 1, err) == 0, "%s", err);
+    size_t len;
+    unsigned char *file = slurp(&len);
+    uint64_t hlen, b, e;
+    memcpy(&hlen, file, 8);
+    char *header = malloc(hlen + 1);
+    memcpy(header, file + 8, hlen);
+    header[hlen] = '\0';
+    const char *bn_names[] = {"bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"};
+    const size_t bn_at[] = {bn1->w_offset, bn1->b_offset, bn1->s_offset, bn1->s_offset + 12};
+    for (int i = 0; i < 4; i++) {
+        const unsigned char *w = find(file, header, bn_names[i], "F32", "12", &b, &e);
+        for (uint32_t c = 0; c < 3; c++)
+            for (uint32_t p = 0; p < 4; p++)
+                ck_assert_float_eq(f32(w, c * 4 + p), params[bn_at[i] + p * 3 + c]);
+    }
+    const unsigned char *w = find(file, header, "fc1.weight", "F32", "4,12", &b, &e);
+    for (uint32_t o = 0; o < 4; o++)
+        for (uint32_t c = 0; c < 3; c++)
+            for (uint32_t p = 0; p < 4; p++)
+                ck_assert_float_eq(f32(w, o * 12 + c * 4 + p),
+                                   params[fc1->w_offset + o * 12 + p * 3 + c]);
+    w = find(file, header, "bn2.running_var", "F32", "4", &b, &e);
+    for (uint32_t j = 0; j < 4; j++)
+        ck_assert_float_eq(f32(w, j), params[bn2->s_offset + 4 + j]);
+    float *back = calloc(l.param_count, sizeof(float));
+    ck_assert_msg(omv_safetensors_read(path, &l, back, err) == 0, "%s", err);
+    ck_assert_mem_eq(back, params, l.param_count * sizeof(float));
+    free(back), free(header), free(file), free(params);
+}
+END_TEST
+
 START_TEST(test_import_refuses_naming_the_tensor)
 {
     omv_model_layout_t l = parse();
@@ -219,6 +270,7 @@ int main(void)
     TCase *tc = tcase_create("export");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_export_as_pytorch_lays_it_out);
+    tcase_add_test(tc, test_flattened_batchnorm_in_pytorch_order);
     tcase_add_test(tc, test_import_refuses_naming_the_tensor);
     suite_add_tcase(s, tc);
     return omv_test_run(s);

@@ -1,6 +1,7 @@
-/* Forward and backward of each layer kind. Convolutions are lowered over the whole batch: one
- * im2col of every image into one matrix and one GEMM, as Omnivore does on CPUs. Batch norm
- * works on channels-last rows, so per-channel statistics are loops over contiguous channels. */
+/* Forward and backward of each layer kind. Convolutions are lowered as Omnivore does on CPUs
+ * (im2col into one matrix, one GEMM), a cache-sized chunk of images at a time; the products run
+ * in worker/gemm.c. Batch norm works on channels-last rows, so per-channel statistics are loops
+ * over contiguous channels. */
 #include "layers.h"
 
 #include <errno.h>
@@ -9,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "blas.h"
+#include "gemm.h"
 
 /* Allocates and touches count elements, so the step never pays for first-touch page faults. */
 static void *alloc_touched(size_t count, size_t size)
@@ -18,6 +19,18 @@ static void *alloc_touched(size_t count, size_t size)
     if (p != NULL)
         memset(p, 0, count * size);
     return p;
+}
+
+/* Images of a convolution lowered at a time: their lowered rows fill about this many floats
+ * (512 KiB), so that the lowered block stays in the core's cache from im2col through the GEMMs
+ * that read it, rather than going to memory and back for the whole batch. */
+#define CONV_CHUNK_FLOATS (128u * 1024u)
+
+static uint32_t conv_chunk(const omv_model_layer_t *s, uint32_t max_batch)
+{
+    size_t per_image = (size_t)s->out.h * s->out.w * s->fan_in;
+    size_t n = per_image ? CONV_CHUNK_FLOATS / per_image : max_batch;
+    return n < 1 ? 1 : n > max_batch ? max_batch : (uint32_t)n;
 }
 
 /* An add's projection: a 1x1 convolution from the saved shape to the add's input shape, whose
@@ -70,9 +83,11 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
     self->dout = alloc_touched(outs, sizeof(float));
     int ok = self->out != NULL && self->dout != NULL;
     if (spec->kind == OMV_LAYER_CONV) {
-        size_t rows = (size_t)max_batch * spec->out.h * spec->out.w;
+        self->chunk = conv_chunk(spec, max_batch);
+        size_t rows = (size_t)self->chunk * spec->out.h * spec->out.w;
         self->col = alloc_touched(rows * spec->fan_in, sizeof(float));
-        ok &= self->col != NULL;
+        self->wt = alloc_touched((size_t)spec->fan_in * spec->units, sizeof(float));
+        ok &= self->col != NULL && self->wt != NULL;
     } else if (spec->kind == OMV_LAYER_DROPOUT) {
         self->mask = alloc_touched(outs, sizeof(float));
         ok &= self->mask != NULL;
@@ -80,10 +95,9 @@ int omv_layer_init(omv_layer_t *self, const omv_model_layer_t *spec, uint32_t ma
         self->arg = alloc_touched(outs, sizeof(uint32_t));
         ok &= self->arg != NULL;
     } else if (spec->kind == OMV_LAYER_BATCHNORM) {
-        self->xhat = alloc_touched(outs, sizeof(float));
-        self->stats = alloc_touched(3 * (size_t)spec->in.c, sizeof(float));
+        self->stats = alloc_touched(OMV_LAYER_BN_STATS * (size_t)spec->in.c, sizeof(float));
         self->acc = alloc_touched(2 * (size_t)spec->in.c, sizeof(double));
-        ok &= self->xhat != NULL && self->stats != NULL && self->acc != NULL;
+        ok &= self->stats != NULL && self->acc != NULL;
     } else if (spec->kind == OMV_LAYER_ADD && spec->w_count > 0) {
         ok &= init_projection(self, max_batch) == 0;
     }
@@ -102,10 +116,10 @@ void omv_layer_fini(omv_layer_t *self)
         free(self->proj);
     }
     free(self->col);
+    free(self->wt);
     free(self->mask);
     free(self->arg);
     free(self->dres);
-    free(self->xhat);
     free(self->stats);
     free(self->acc);
     memset(self, 0, sizeof(*self));
@@ -113,32 +127,28 @@ void omv_layer_fini(omv_layer_t *self)
 
 /* ---- fully connected ---- */
 
-/* rows[n][c] = bias[c] for every row. */
-static void fill_bias(float *rows, size_t n, const float *bias, uint32_t c)
+/* db[c] (+)= sum over rows of d[n][c]: added when acc, else written. */
+static void sum_rows_to(float *restrict db, const float *restrict d, size_t n, uint32_t c, bool acc)
 {
+    if (!acc)
+        memset(db, 0, c * sizeof(float));
     for (size_t r = 0; r < n; r++)
-        memcpy(rows + r * c, bias, c * sizeof(float));
+        for (uint32_t j = 0; j < c; j++)
+            db[j] += d[r * c + j];
 }
 
-/* db[c] = sum over rows of d[n][c]. */
 static void sum_rows(float *db, const float *d, size_t n, uint32_t c)
 {
-    memset(db, 0, c * sizeof(float));
-    for (size_t r = 0; r < n; r++) {
-        const float *dr = d + r * c;
-        for (uint32_t j = 0; j < c; j++)
-            db[j] += dr[j];
-    }
+    sum_rows_to(db, d, n, c, false);
 }
 
 static void fc_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
 {
     const omv_model_layer_t *s = &self->spec;
     int k = (int)s->fan_in, n = (int)s->units;
-    fill_bias(self->out, batch, params + s->b_offset, s->units);
-    /* out[batch][units] += in[batch][fan_in] * W[units][fan_in]^T */
-    omv_blas_gemm(false, true, (int)batch, n, k, 1.0f, in, k, params + s->w_offset, k, 1.0f,
-                  self->out, n);
+    /* out[batch][units] = bias + in[batch][fan_in] * W[units][fan_in]^T */
+    omv_gemm_nt((int)batch, n, k, in, k, params + s->w_offset, k, 0.0f, params + s->b_offset,
+                self->out, n);
 }
 
 static void fc_backward(omv_layer_t *self, const float *params, const float *in, float *din,
@@ -147,12 +157,10 @@ static void fc_backward(omv_layer_t *self, const float *params, const float *in,
     const omv_model_layer_t *s = &self->spec;
     int k = (int)s->fan_in, n = (int)s->units;
     /* dW[units][fan_in] = dout^T[units][batch] * in[batch][fan_in] */
-    omv_blas_gemm(true, false, n, k, (int)batch, 1.0f, self->dout, n, in, k, 0.0f,
-                  grad + s->w_offset, k);
+    omv_gemm_tn(n, k, (int)batch, self->dout, n, in, k, 0.0f, grad + s->w_offset, k);
     sum_rows(grad + s->b_offset, self->dout, batch, s->units);
     if (din != NULL) /* din[batch][fan_in] = dout[batch][units] * W[units][fan_in] */
-        omv_blas_gemm(false, false, (int)batch, k, n, 1.0f, self->dout, n, params + s->w_offset, k,
-                      0.0f, din, k);
+        omv_gemm_nn((int)batch, k, n, self->dout, n, params + s->w_offset, k, 0.0f, NULL, din, k);
 }
 
 /* ---- convolution ---- */
@@ -233,33 +241,94 @@ static void col2im(const omv_model_layer_t *s, const float *col, float *din, uin
     }
 }
 
+/* dst[cols][rows] = src[rows][cols]^T: the weights [out_c][k] as the right-hand side of the
+ * forward product ([k][out_c], rows of output channels as the output has), and back. */
+static void transpose(float *restrict dst, const float *restrict src, size_t rows, size_t cols)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (size_t i = 0; i < cols; i++)
+            dst[i * rows + r] = src[r * cols + i];
+}
+
+static omv_lower_shape_t lower_shape(const omv_model_layer_t *s)
+{
+    return (omv_lower_shape_t){.h = (int)s->in.h,
+                               .w = (int)s->in.w,
+                               .c = (int)s->in.c,
+                               .oh = (int)s->out.h,
+                               .ow = (int)s->out.w,
+                               .kh = (int)s->kh,
+                               .kw = (int)s->kw,
+                               .stride = (int)s->stride,
+                               .pad = (int)s->pad};
+}
+
+/* The lowering of count images: our vector kernels where the channels fill whole vectors. */
+static void lower(const omv_model_layer_t *s, const float *in, float *col, uint32_t count)
+{
+    omv_lower_shape_t shape = lower_shape(s);
+    if (omv_gemm_im2col(in, col, (int)count, &shape) < 0)
+        im2col(s, in, col, count);
+}
+
+static void unlower(const omv_model_layer_t *s, const float *col, float *din, uint32_t count)
+{
+    omv_lower_shape_t shape = lower_shape(s);
+    if (omv_gemm_col2im(col, din, (int)count, &shape) < 0)
+        col2im(s, col, din, count);
+}
+
 static void conv_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
 {
     const omv_model_layer_t *s = &self->spec;
-    int rows = (int)(batch * s->out.h * s->out.w), k = (int)s->fan_in, n = (int)s->units;
-    im2col(s, in, self->col, batch);
-    fill_bias(self->out, (size_t)rows, params + s->b_offset, s->units);
-    /* out[rows][out_c] += col[rows][k] * W[out_c][k]^T */
-    omv_blas_gemm(false, true, rows, n, k, 1.0f, self->col, k, params + s->w_offset, k, 1.0f,
-                  self->out, n);
+    int k = (int)s->fan_in, n = (int)s->units;
+    size_t per_image = (size_t)s->out.h * s->out.w;
+    transpose(self->wt, params + s->w_offset, s->units, s->fan_in);
+    for (uint32_t i = 0; i < batch; i += self->chunk) {
+        uint32_t count = batch - i < self->chunk ? batch - i : self->chunk;
+        lower(s, in + (size_t)i * self->in_size, self->col, count);
+        /* out[rows][out_c] = bias + col[rows][k] * wt[k][out_c] */
+        omv_gemm_nn((int)(count * per_image), n, k, self->col, k, self->wt, n, 0.0f,
+                    params + s->b_offset, self->out + (size_t)i * self->out_size, n);
+    }
 }
 
-static void conv_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
-                          float *grad)
+/* By chunks from the last: the last chunk's lowered input is still in col from forward. */
+static void conv_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                          uint32_t batch, float *grad)
 {
     const omv_model_layer_t *s = &self->spec;
-    int rows = (int)(batch * s->out.h * s->out.w), k = (int)s->fan_in, n = (int)s->units;
-    /* dW[out_c][k] = dout^T[out_c][rows] * col[rows][k] */
-    omv_blas_gemm(true, false, n, k, rows, 1.0f, self->dout, n, self->col, k, 0.0f,
-                  grad + s->w_offset, k);
-    sum_rows(grad + s->b_offset, self->dout, (size_t)rows, s->units);
-    if (din == NULL)
-        return;
-    /* The lowered input is no longer needed: its buffer takes its gradient,
-     * dcol[rows][k] = dout[rows][out_c] * W[out_c][k]. */
-    omv_blas_gemm(false, false, rows, k, n, 1.0f, self->dout, n, params + s->w_offset, k, 0.0f,
-                  self->col, k);
-    col2im(s, self->col, din, batch);
+    int k = (int)s->fan_in, n = (int)s->units;
+    size_t per_image = (size_t)s->out.h * s->out.w;
+    /* Where our kernels take out_c columns and not k (a first layer's k = kh * kw), the weight
+     * gradient is made transposed in wt (free in backward) and turned at the end. */
+    bool flip = !omv_gemm_fits(k) && omv_gemm_fits(n);
+    uint32_t last = (batch - 1) / self->chunk * self->chunk;
+    for (uint32_t end = batch; end > 0;) {
+        uint32_t i = (end - 1) / self->chunk * self->chunk, count = end - i;
+        int rows = (int)(count * per_image);
+        end = i;
+        const float *dout = self->dout + (size_t)i * self->out_size;
+        /* The bias gradient by chunks too, while its part of dout is in cache. */
+        sum_rows_to(grad + s->b_offset, dout, (size_t)rows, s->units, i != last);
+        if (i != last)
+            lower(s, in + (size_t)i * self->in_size, self->col, count);
+        /* dW[out_c][k] (+)= dout^T[out_c][rows] * col[rows][k], or flipped
+         * dWt[k][out_c] (+)= col^T[k][rows] * dout[rows][out_c] */
+        float beta = i == last ? 0.0f : 1.0f;
+        if (flip)
+            omv_gemm_tn(k, n, rows, self->col, k, dout, n, beta, self->wt, n);
+        else
+            omv_gemm_tn(n, k, rows, dout, n, self->col, k, beta, grad + s->w_offset, k);
+        if (din == NULL)
+            continue;
+        /* The lowered input is no longer needed: its buffer takes its gradient,
+         * dcol[rows][k] = dout[rows][out_c] * W[out_c][k]. */
+        omv_gemm_nn(rows, k, n, dout, n, params + s->w_offset, k, 0.0f, NULL, self->col, k);
+        unlower(s, self->col, din + (size_t)i * self->in_size, count);
+    }
+    if (flip)
+        transpose(grad + s->w_offset, self->wt, s->fan_in, s->units);
 }
 
 /* ---- pooling ---- */
@@ -468,73 +537,118 @@ static void gap_backward(omv_layer_t *self, float *din, uint32_t batch)
 #define BN_EPS 1e-5f
 #define BN_MOMENTUM 0.1 /* PyTorch's: running = (1 - m) running + m batch */
 
-/* The batch's mean and (biased) variance per channel over rows[n][c], in double. */
-static void bn_moments(float *mean, float *var, const float *x, size_t rows, uint32_t c,
-                       double *acc)
+/* Rows summed in float before the sum goes into double: short enough that float loses nothing
+ * that matters, long enough that the double adds cost nothing. */
+#define BN_BLOCK 64
+
+/* stats: [BN_STATS][c] */
+enum { BN_MEAN, BN_VAR, BN_INV, BN_SCALE, BN_SHIFT, BN_SUM1, BN_SUM2, BN_STATS };
+_Static_assert(BN_STATS == OMV_LAYER_BN_STATS, "layers.h sizes the stats");
+
+/* acc[0][j] += sum over rows of u[r][j], acc[1][j] += sum of u * v, where u = a - ka and
+ * v = b - kb, in float per block of rows and in double across blocks (s1, s2: [c] scratch). */
+static void bn_sums(double *acc, const float *a, const float *ka, const float *b, const float *kb,
+                    size_t rows, uint32_t c, float *restrict s1, float *restrict s2)
 {
     memset(acc, 0, 2 * c * sizeof(double));
-    for (size_t r = 0; r < rows; r++)
-        for (uint32_t j = 0; j < c; j++)
-            acc[j] += x[r * c + j];
-    for (uint32_t j = 0; j < c; j++)
-        mean[j] = (float)(acc[j] / (double)rows);
-    for (size_t r = 0; r < rows; r++) {
+    for (size_t r0 = 0; r0 < rows; r0 += BN_BLOCK) {
+        size_t r1 = rows - r0 < BN_BLOCK ? rows : r0 + BN_BLOCK;
+        memset(s1, 0, c * sizeof(float));
+        memset(s2, 0, c * sizeof(float));
+        for (size_t r = r0; r < r1; r++) {
+            const float *restrict ar = a + r * c, *restrict br = b + r * c;
+            for (uint32_t j = 0; j < c; j++) {
+                float u = ar[j] - ka[j];
+                s1[j] += u;
+                s2[j] += u * (br[j] - kb[j]);
+            }
+        }
         for (uint32_t j = 0; j < c; j++) {
-            double d = (double)x[r * c + j] - mean[j];
-            acc[c + j] += d * d;
+            acc[j] += s1[j];
+            acc[c + j] += s2[j];
         }
     }
-    for (uint32_t j = 0; j < c; j++)
-        var[j] = (float)(acc[c + j] / (double)rows);
+}
+
+/* The batch's mean and (biased) variance per channel over rows[n][c]: one pass of sums of the
+ * values shifted by the first row's (close to the mean, so the squares do not cancel). */
+static void bn_moments(float *stats, const float *x, size_t rows, uint32_t c, double *acc)
+{
+    float *mean = stats + BN_MEAN * c, *var = stats + BN_VAR * c, *shift = stats + BN_SHIFT * c;
+    memcpy(shift, x, c * sizeof(float));
+    bn_sums(acc, x, shift, x, shift, rows, c, stats + BN_SUM1 * c, stats + BN_SUM2 * c);
+    for (uint32_t j = 0; j < c; j++) {
+        double m = acc[j] / (double)rows, v = acc[c + j] / (double)rows - m * m;
+        mean[j] = (float)(shift[j] + m);
+        var[j] = (float)(v > 0.0 ? v : 0.0);
+    }
+}
+
+/* out = in * scale + shift per channel, over rows[n][c]. */
+static void scale_shift(float *restrict out, const float *restrict in, const float *restrict scale,
+                        const float *restrict shift, size_t rows, uint32_t c)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < c; j++)
+            out[r * c + j] = in[r * c + j] * scale[j] + shift[j];
 }
 
 /* Training normalises by the batch's statistics (kept for backward); evaluation by the running
- * ones in params. y = weight * (x - mean) / sqrt(var + eps) + bias. */
+ * ones in params. y = weight * (x - mean) / sqrt(var + eps) + bias = x * scale + shift. */
 static void bn_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch,
                        bool train)
 {
     const omv_model_layer_t *s = &self->spec;
     uint32_t c = s->in.c;
     size_t rows = (size_t)batch * s->in.h * s->in.w;
-    float *mean = self->stats, *var = self->stats + c, *inv = self->stats + 2 * c;
+    float *st = self->stats, *mean = st + BN_MEAN * c, *var = st + BN_VAR * c;
+    float *inv = st + BN_INV * c, *scale = st + BN_SCALE * c, *shift = st + BN_SHIFT * c;
     if (train) {
-        bn_moments(mean, var, in, rows, c, self->acc);
+        bn_moments(st, in, rows, c, self->acc);
     } else {
         memcpy(mean, params + s->s_offset, c * sizeof(float));
         memcpy(var, params + s->s_offset + c, c * sizeof(float));
     }
-    for (uint32_t j = 0; j < c; j++)
-        inv[j] = 1.0f / sqrtf(var[j] + BN_EPS);
     const float *g = params + s->w_offset, *b = params + s->b_offset;
-    for (size_t r = 0; r < rows; r++) {
-        const float *x = in + r * c;
-        float *restrict xh = self->xhat + r * c, *restrict y = self->out + r * c;
-        for (uint32_t j = 0; j < c; j++) {
-            xh[j] = (x[j] - mean[j]) * inv[j];
-            y[j] = g[j] * xh[j] + b[j];
-        }
+    for (uint32_t j = 0; j < c; j++) {
+        inv[j] = 1.0f / sqrtf(var[j] + BN_EPS);
+        scale[j] = g[j] * inv[j];
+        shift[j] = b[j] - mean[j] * scale[j];
     }
+    scale_shift(self->out, in, scale, shift, rows, c);
 }
 
-/* dweight = sum dy * xhat, dbias = sum dy, dx = weight / std * (dy - dbias / R - xhat dweight / R)
- * over the R rows; and the running statistics moved towards the batch's (unbiased variance). */
-static void bn_backward(omv_layer_t *self, const float *params, float *din, uint32_t batch,
-                        float *grad)
+/* out = d * p + x * q + k per channel, over rows[n][c]. */
+static void bn_input_gradient(float *restrict out, const float *restrict d, const float *restrict x,
+                              const float *restrict p, const float *restrict q,
+                              const float *restrict k, size_t rows, uint32_t c)
+{
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t j = 0; j < c; j++)
+            out[r * c + j] = d[r * c + j] * p[j] + x[r * c + j] * q[j] + k[j];
+}
+
+/* With xhat = (x - mean) inv over the R rows: dweight = sum dy xhat, dbias = sum dy, and
+ * dx = weight inv (dy - dbias / R - xhat dweight / R), which is dy p + x q + k per channel; the
+ * normalised input is computed again from the input rather than kept. The running statistics
+ * move towards the batch's (unbiased variance). */
+static void bn_backward(omv_layer_t *self, const float *params, const float *in, float *din,
+                        uint32_t batch, float *grad)
 {
     const omv_model_layer_t *s = &self->spec;
     uint32_t c = s->in.c;
     size_t rows = (size_t)batch * s->in.h * s->in.w;
+    float *st = self->stats, *mean = st + BN_MEAN * c, *var = st + BN_VAR * c;
+    float *inv = st + BN_INV * c;
     float *dg = grad + s->w_offset, *db = grad + s->b_offset;
-    memset(dg, 0, c * sizeof(float));
-    memset(db, 0, c * sizeof(float));
-    for (size_t r = 0; r < rows; r++) {
-        const float *d = self->dout + r * c, *xh = self->xhat + r * c;
-        for (uint32_t j = 0; j < c; j++) {
-            dg[j] += d[j] * xh[j];
-            db[j] += d[j];
-        }
+    /* Sums of dy and of dy (x - mean): zeros stand in for dy's shift. */
+    float *zero = st + BN_SHIFT * c;
+    memset(zero, 0, c * sizeof(float));
+    bn_sums(self->acc, self->dout, zero, in, mean, rows, c, st + BN_SUM1 * c, st + BN_SUM2 * c);
+    for (uint32_t j = 0; j < c; j++) {
+        db[j] = (float)self->acc[j];
+        dg[j] = (float)(self->acc[c + j] * inv[j]);
     }
-    const float *mean = self->stats, *var = self->stats + c, *inv = self->stats + 2 * c;
     const float *run = params + s->s_offset;
     float *new_run = grad + s->s_offset;
     double unbias = rows > 1 ? (double)rows / (double)(rows - 1) : 1.0;
@@ -545,13 +659,14 @@ static void bn_backward(omv_layer_t *self, const float *params, float *din, uint
     if (din == NULL)
         return;
     const float *g = params + s->w_offset;
+    float *p = st + BN_SCALE * c, *q = st + BN_SUM1 * c, *k = st + BN_SUM2 * c;
     float inv_r = 1.0f / (float)rows;
-    for (size_t r = 0; r < rows; r++) {
-        const float *d = self->dout + r * c, *xh = self->xhat + r * c;
-        float *restrict dx = din + r * c;
-        for (uint32_t j = 0; j < c; j++)
-            dx[j] = g[j] * inv[j] * (d[j] - db[j] * inv_r - xh[j] * dg[j] * inv_r);
+    for (uint32_t j = 0; j < c; j++) {
+        p[j] = g[j] * inv[j];
+        q[j] = -p[j] * inv[j] * dg[j] * inv_r;
+        k[j] = -p[j] * db[j] * inv_r - q[j] * mean[j];
     }
+    bn_input_gradient(din, self->dout, in, p, q, k, rows, c);
 }
 
 /* ---- residual connections ---- */
@@ -640,7 +755,7 @@ void omv_layer_backward(omv_layer_t *self, const float *params, const float *in,
         fc_backward(self, params, in, din, batch, grad);
         break;
     case OMV_LAYER_CONV:
-        conv_backward(self, params, din, batch, grad);
+        conv_backward(self, params, in, din, batch, grad);
         break;
     case OMV_LAYER_MAXPOOL:
         if (din != NULL)
@@ -666,7 +781,7 @@ void omv_layer_backward(omv_layer_t *self, const float *params, const float *in,
             gap_backward(self, din, batch);
         break;
     case OMV_LAYER_BATCHNORM:
-        bn_backward(self, params, din, batch, grad);
+        bn_backward(self, params, in, din, batch, grad);
         break;
     case OMV_LAYER_ADD:
         add_backward(self, params, din, batch, grad);

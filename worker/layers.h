@@ -10,6 +10,9 @@
 #include "model.h"
 #include "rng.h"
 
+/* Per-channel rows of a batch norm's stats (worker/layers.c names them). */
+#define OMV_LAYER_BN_STATS 7
+
 typedef struct omv_layer {
     omv_model_layer_t spec;
     uint32_t max_batch;
@@ -17,15 +20,17 @@ typedef struct omv_layer {
     float *out;               /* [batch][out_size]; flatten, in-place ReLU: the input's */
     float *dout;              /* [batch][out_size] gradient of the loss by out; flatten,
                                  in-place ReLU: the previous layer's */
-    float *col;               /* conv: [batch * oh * ow][kh * kw * in_c], lowered input, then
-                                 its gradient */
+    float *col;               /* conv: [chunk * oh * ow][kh * kw * in_c], the lowered input of
+                                 chunk images, then its gradient */
+    float *wt;                /* conv: [kh * kw * in_c][out_c] the weights transposed */
+    uint32_t chunk;           /* conv: images lowered at a time */
     float *mask;              /* dropout: [batch][out_size], 0 or 1 / (1 - rate) */
     uint32_t *arg;            /* maxpool: [batch][out_size] index of the maximum in the input */
     float *dres;              /* save: [batch][out_size] the gradient its add sends back */
     struct omv_layer *skip;   /* add: its save layer (borrowed; set by the net) */
     struct omv_layer *proj;   /* add of another shape: the 1x1 projection it owns */
-    float *xhat;              /* batchnorm: [batch][out_size] the normalised input */
-    float *stats;             /* batchnorm: [3][c] the batch's mean, variance, 1 / std */
+    float *stats;             /* batchnorm: [OMV_LAYER_BN_STATS][c] the batch's mean, variance,
+                                 1 / std, and per-channel factors and scratch */
     double *acc;              /* batchnorm: [2][c] sums for the mean and variance */
     bool owns_out;
 } omv_layer_t;
