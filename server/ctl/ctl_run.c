@@ -334,8 +334,8 @@ static int wait_for_daemon(cluster_t *cl, omv_strbuf_t *body)
     }
 }
 
-/* Starts n_workers trainers and the evaluator, with threads threads each. */
-static void start_workers(cluster_t *cl, int n_workers, const char *threads)
+/* Starts the evaluator (evaluator 1) or n_workers trainers, with threads threads each. */
+static void start_workers(cluster_t *cl, int evaluator, int n_workers, const char *threads)
 {
     char key[PATH_MAX + 32], server_key[PATH_MAX + 32];
     char *argv[] = {cl->worker_bin, "--server", cl->endpoint, "--threads", (char *)threads,
@@ -343,20 +343,38 @@ static void start_workers(cluster_t *cl, int n_workers, const char *threads)
                     NULL,           NULL,       NULL};
     int k = 5;
     if (cl->curve) {
-        snprintf(key, sizeof(key), "%s/trainer.key_secret", cl->keys);
+        snprintf(key, sizeof(key), "%s/%s.key_secret", cl->keys,
+                 evaluator ? "evaluator" : "trainer");
         snprintf(server_key, sizeof(server_key), "%s/daemon.key", cl->keys);
         argv[k++] = "--key";
         argv[k++] = key;
         argv[k++] = "--server-key";
         argv[k++] = server_key;
     }
+    if (evaluator) {
+        argv[k++] = "--role";
+        argv[k++] = "evaluator";
+        cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker (evaluator)", 0, 0};
+        return;
+    }
     for (int i = 0; i < n_workers && cl->n_kids < MAX_CHILDREN - 1; i++)
         cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker", 0, 0};
-    if (cl->curve)
-        snprintf(key, sizeof(key), "%s/evaluator.key_secret", cl->keys);
-    argv[k++] = "--role";
-    argv[k++] = "evaluator";
-    cl->kids[cl->n_kids++] = (child_t){spawn(argv), "omnivore-worker (evaluator)", 0, 0};
+}
+
+/* Waits up to 10 s for the evaluator to register: a small job can end within a second of its
+ * trainers starting, and its final model must be evaluated. */
+static void wait_for_evaluator(cluster_t *cl, omv_strbuf_t *body)
+{
+    char alive[16] = "";
+    for (int i = 0; i < 500 && !omv_ctl_interrupted(); i++) {
+        if (omv_control_request(cl->sock, "status", body, 5000) == 0 &&
+            field(omv_strbuf_str(body), "evaluator_alive", alive, sizeof(alive)) == 0 &&
+            strcmp(alive, "1") == 0)
+            return;
+        sleep_ms(20);
+    }
+    fprintf(stderr, "omnivorectl: the evaluator has not registered after 10 s; starting the "
+                    "trainers anyway\n");
 }
 
 /* Asks the daemon for the job's state until it is done, failed or stopped (copied into
@@ -414,7 +432,9 @@ static int train(cluster_t *cl, const run_args_t *a, const omv_job_t *job, omv_s
     start_daemon(cl, a, n_workers);
     if (wait_for_daemon(cl, body) < 0)
         return 1;
-    start_workers(cl, n_workers, a->threads);
+    start_workers(cl, 1, 0, a->threads);
+    wait_for_evaluator(cl, body);
+    start_workers(cl, 0, n_workers, a->threads);
     fprintf(stderr, "omnivorectl: running '%s' with %d workers and an evaluator (run folder %s)\n",
             job->name, n_workers, cl->dir);
     char state[32] = "";
