@@ -4,6 +4,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -68,9 +69,20 @@ void teardown(void)
 
 pid_t spawn(char *const argv[])
 {
+    return spawn_logged(argv, NULL);
+}
+
+pid_t spawn_logged(char *const argv[], const char *log)
+{
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
+        int fd = log ? open(log, O_WRONLY | O_CREAT | O_APPEND, 0644) : -1;
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
         /* OMV_TEST_VALGRIND=1 runs the daemon and the workers under valgrind (errors exit 99). */
         if (getenv("OMV_TEST_VALGRIND") && strcmp(getenv("OMV_TEST_VALGRIND"), "1") == 0) {
             char *vargv[64] = {"valgrind", "-q", "--error-exitcode=99", "--leak-check=full",

@@ -16,6 +16,8 @@ void write_job(int workers, int epochs, const char *cluster_extra);
 void setup(void);
 void teardown(void);
 pid_t spawn(char *const argv[]);
+/* spawn with its stdout and stderr appended to log (NULL: the test's own). */
+pid_t spawn_logged(char *const argv[], const char *log);
 void sleep_ms(int ms);
 pid_t start_daemon(void);
 /* omnivored with these arguments (argv[0] its path); returns once its control socket at
