@@ -125,7 +125,12 @@ pid_t start_daemon(void)
 
 pid_t start_daemon_argv(char *const argv[])
 {
-    pid_t pid = spawn(argv);
+    return start_daemon_logged(argv, NULL);
+}
+
+pid_t start_daemon_logged(char *const argv[], const char *log)
+{
+    pid_t pid = spawn_logged(argv, log);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     int64_t deadline = omv_time_ms() + 20000;
@@ -335,4 +340,16 @@ long proc_kib(pid_t pid, const char *key)
     fclose(f);
     ck_assert_int_ge(v, 0);
     return v;
+}
+
+void use_mixed_model(void)
+{
+    char model[700];
+    snprintf(model, sizeof(model), "%s/mixed.model", test_dir);
+    FILE *f = fopen(model, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("input 1x8x8\nconv 8 3x3 pad 1\nbatchnorm\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n",
+          f);
+    fclose(f);
+    model_section = "definition = mixed.model";
 }

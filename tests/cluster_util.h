@@ -23,6 +23,8 @@ pid_t start_daemon(void);
 /* omnivored with these arguments (argv[0] its path); returns once its control socket at
  * sock_path answers. */
 pid_t start_daemon_argv(char *const argv[]);
+/* start_daemon_argv with its output appended to log (NULL: the test's own). */
+pid_t start_daemon_logged(char *const argv[], const char *log);
 pid_t start_worker(const char *role);
 /* A worker that adds delay_ms ("N" or "MIN-MAX") to every step, and takes a daemon silent
  * for 2 s for gone. */
@@ -55,3 +57,6 @@ void shutdown_daemon(pid_t d);
 /* Polls status until the job is done (fails on "failed" or after timeout_ms); body keeps the
  * last status; returns its test_accuracy. */
 double wait_done(omv_strbuf_t *body, int timeout_ms);
+
+/* The job's model: conv, batch norm and fc layers (mixed.model in the test's folder). */
+void use_mixed_model(void);

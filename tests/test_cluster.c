@@ -150,14 +150,7 @@ START_TEST(test_overlap_bit_identical)
      * synchronous group the same seed gives the same parameters and momentum, bit for bit, as
      * the serial order. A model of conv, batch norm (its running statistics are state, pulled
      * and pushed with the rest) and fc layers in 4 shards along its layers. */
-    char model[700];
-    snprintf(model, sizeof(model), "%s/mixed.model", test_dir);
-    FILE *f = fopen(model, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("input 1x8x8\nconv 8 3x3 pad 1\nbatchnorm\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n",
-          f);
-    fclose(f);
-    model_section = "definition = mixed.model";
+    use_mixed_model();
     /* bf16 on the socket: serial and overlapped. */
     write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4");
     omv_checkpoint_t serial, overlapped, shared;

@@ -92,17 +92,7 @@ static pid_t start_coordinator(const char *state)
                     "--state-dir",
                     dir,
                     NULL};
-    pid_t pid = spawn_logged(argv, log);
-    omv_strbuf_t body;
-    omv_strbuf_init(&body);
-    int64_t deadline = omv_time_ms() + 20000;
-    while (omv_control_request(sock_path, "status", &body, 1000) != 0) {
-        ck_assert_msg(omv_time_ms() < deadline, "the coordinator did not answer on its socket");
-        ck_assert_int_eq(waitpid(pid, NULL, WNOHANG), 0);
-        sleep_ms(10);
-    }
-    omv_strbuf_fini(&body);
-    return pid;
+    return start_daemon_logged(argv, log);
 }
 
 static void dump_logs(int n);
@@ -224,14 +214,7 @@ START_TEST(test_servers_bit_identical)
      * for bit, and the same test accuracy, as with the daemon holding it. A model of conv,
      * batch norm (its running statistics ride in the last shard) and fc layers in 4 shards,
      * bf16 on the wire. */
-    char model[700];
-    snprintf(model, sizeof(model), "%s/mixed.model", test_dir);
-    FILE *f = fopen(model, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("input 1x8x8\nconv 8 3x3 pad 1\nbatchnorm\nrelu\nmaxpool 2\nflatten\nfc 16\nrelu\nfc 4\n",
-          f);
-    fclose(f);
-    model_section = "definition = mixed.model";
+    use_mixed_model();
     write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4");
     omv_checkpoint_t one, spread;
     double acc_one = train_on_one(&one);
