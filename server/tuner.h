@@ -29,6 +29,8 @@ typedef struct omv_tuner omv_tuner_t;
  * decisions go to CKPT_DIR/decisions.jsonl when ckpt_dir is not NULL. Returns NULL with errno
  * set. Caller owns; omv_tuner_destroy. */
 omv_tuner_t *omv_tuner_new(const omv_job_t *job, const char *ckpt_dir);
+/* The optimizer's parameters as the job set them (its grids among them). */
+const omv_optimizer_params_t *omv_tuner_params(const omv_tuner_t *self);
 void omv_tuner_destroy(omv_tuner_t **self_p);
 
 /* Starts the optimizer (at the job's start) with `live` trainers, taking up a resumed

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "optimizer.h"
+#include "tuner.h"
 #include "testutil.h"
 
 #define MAX_CMDS 1024
@@ -1477,6 +1478,28 @@ START_TEST(test_noisy_phase_does_not_diverge)
 }
 END_TEST
 
+/* The learning-rate grid follows the update rule: SGD's for sgd, a decade lower for Adam. */
+START_TEST(test_adam_lr_grid)
+{
+    static omv_job_t j;
+    ck_assert_int_eq(omv_config_defaults(omv_job_table, omv_job_table_len, &j), 0);
+    j.update = OMV_JOB_UPDATE_SGD;
+    omv_tuner_t *sgd = omv_tuner_new(&j, NULL);
+    j.update = OMV_JOB_UPDATE_ADAMW;
+    omv_tuner_t *adam = omv_tuner_new(&j, NULL);
+    ck_assert_ptr_nonnull(sgd);
+    ck_assert_ptr_nonnull(adam);
+    const omv_optimizer_params_t *s = omv_tuner_params(sgd), *a = omv_tuner_params(adam);
+    ck_assert_uint_eq(s->n_lr_grid, 4);
+    ck_assert_uint_eq(a->n_lr_grid, 4);
+    ck_assert_double_eq(s->lr_grid[0], 0.1);
+    ck_assert_double_eq_tol(a->lr_grid[0], 0.01, 1e-12);
+    ck_assert_double_eq_tol(a->lr_grid[3], 1e-5, 1e-15);
+    omv_tuner_destroy(&sgd);
+    omv_tuner_destroy(&adam);
+}
+END_TEST
+
 static Suite *optimizer_suite(void)
 {
     Suite *s = suite_create("optimizer");
@@ -1508,6 +1531,7 @@ static Suite *optimizer_suite(void)
     tcase_add_test(tc, test_membership_before_a_command_is_polled);
     tcase_add_test(tc, test_phase_divergence_rolls_back);
     tcase_add_test(tc, test_noisy_phase_does_not_diverge);
+    tcase_add_test(tc, test_adam_lr_grid);
     suite_add_tcase(s, tc);
     return s;
 }
