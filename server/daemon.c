@@ -349,6 +349,14 @@ static void say_goodbye(omv_daemon_t *d)
     if (d->run && !OMV_JOB_OVER(d->run->state))
         omv_members_stop_all(d->members, d->router, MEMBER_ALIVE, MEMBER_ALIVE, why, 1);
     omv_members_stop_all(d->members, d->router, MEMBER_IDLE, MEMBER_IDLE, why, 1);
+    /* Shard servers drop their parts now and register again when the coordinator is back
+     * (a restart resumes the job from its last checkpoint and assigns the parts anew). */
+    omv_msg_t stop = {.type = OMV_MSG_STOP};
+    omv_strlcpy(stop.u.stop.reason, why, sizeof(stop.u.stop.reason));
+    stop.u.stop.reconnect = 1;
+    for (uint32_t i = 0; i < d->servers.n; i++)
+        if (d->servers.rec[i].alive)
+            omv_servers_send(&d->servers, d->router, &d->servers.rec[i], &stop, NULL);
 }
 
 /* One turn: waits for the sockets (at most until the next cron task), handles what came. */

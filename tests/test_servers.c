@@ -518,6 +518,42 @@ START_TEST(test_servers_trainer_dies)
 }
 END_TEST
 
+START_TEST(test_coordinator_restart_resumes)
+{
+    /* The coordinator stops mid-run (SIGTERM): its last checkpoint is a cut, its servers drop
+     * their parts and its workers wait. Started again, it resumes that checkpoint, assigns the
+     * parts anew to the servers that register again, takes the workers back, and the job ends
+     * done with every image of its epochs counted once. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 60, "groups = 1\nstaleness = none\nservers = 2\n[checkpoint]\nevery_steps = 200");
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[2] = {start_worker("trainer"), start_worker("trainer")};
+    wait_status("steps_total", 500, 60000);
+    kill(d, SIGTERM);
+    expect_exit_0(d, "omnivored (coordinator, stopped)");
+    d = start_coordinator("servers");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done_or_dump(&body, 2);
+    double images = field(omv_strbuf_str(&body), "images_total");
+    char resumed[512] = "";
+    text_field(omv_strbuf_str(&body), "resumed_from", resumed, sizeof(resumed));
+    omv_strbuf_fini(&body);
+    ck_assert_msg(resumed[0] != '\0', "the job did not resume a checkpoint");
+    ck_assert_msg(images >= 60 * 4096 && images <= 60 * 4096 + 32, "images %f", images);
+    stop_workers(w, 2);
+    shutdown_daemon(d);
+    char text[65536];
+    for (int i = 0; i < 2; i++) {
+        stop_shard(s[i], i, text, sizeof(text));
+        ck_assert_msg(has_text(text, "the coordinator stops") &&
+                          has_text(text, "training finished"),
+                      "shard %d: %s", i, text);
+    }
+}
+END_TEST
+
 START_TEST(test_server_lost_fails_job)
 {
     /* With no replica yet, a shard server that dies mid-run ends the job, failed, with a
@@ -608,6 +644,7 @@ static Suite *servers_suite(void)
     tcase_add_test(tc, test_servers_async_groups);
     tcase_add_test(tc, test_servers_over_curve);
     tcase_add_test(tc, test_servers_trainer_dies);
+    tcase_add_test(tc, test_coordinator_restart_resumes);
     tcase_add_test(tc, test_server_lost_fails_job);
     tcase_add_test(tc, test_worker_at_shard_server_refused);
     suite_add_tcase(s, tc);
