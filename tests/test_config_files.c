@@ -45,18 +45,30 @@ START_TEST(test_example_job)
 }
 END_TEST
 
-START_TEST(test_example_cnn_job)
+/* One of the CNN examples: every key documented, loaded and validated with its model. */
+static void check_cnn_example(const char *rel, const omv_job_t *want)
 {
-    omv_job_t job;
-    check_file(omv_job_table, omv_job_table_len, &job, "examples/fashion-cnn.ini");
+    static omv_job_t job;
+    check_file(omv_job_table, omv_job_table_len, &job, rel);
     char err[OMV_CONFIG_ERR_MAX], path[1024];
-    snprintf(path, sizeof(path), "%s/examples/fashion-cnn.ini", getenv("OMV_SOURCE_ROOT"));
+    snprintf(path, sizeof(path), "%s/%s", getenv("OMV_SOURCE_ROOT"), rel);
     ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
     /* The definition names its input size and classes in layers. */
     ck_assert_int_eq(job.n_layers, 2);
     ck_assert_int_eq(job.layers[0], 784);
     ck_assert_int_eq(job.layers[1], 10);
     ck_assert_ptr_nonnull(strstr(job.model_text, "conv 64 5x5 pad 2"));
+    ck_assert_int_eq(job.augment_pad, want->augment_pad);
+    ck_assert_int_eq(job.augment_flip, want->augment_flip);
+    ck_assert_int_eq(strstr(job.model_text, "batchnorm") != NULL, want->augment_flip);
+}
+
+START_TEST(test_example_cnn_job)
+{
+    check_cnn_example("examples/fashion-cnn.ini", &(omv_job_t){.augment_pad = 0});
+    /* With batch norm and augmentation. */
+    check_cnn_example("examples/fashion-cnn-bn.ini",
+                      &(omv_job_t){.augment_pad = 2, .augment_flip = 1});
 }
 END_TEST
 
