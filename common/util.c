@@ -1,10 +1,12 @@
-/* Small shared helpers: monotonic time, error names, checked string copies. */
+/* Small shared helpers: monotonic time, random tokens, error names, checked string copies. */
 #include "util.h"
 
 #include <errno.h>
 #include <malloc.h>
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 int64_t omv_time_ms(void)
@@ -112,4 +114,13 @@ void omv_keep_memory_resident(void)
      * new pages, at about 11 us per 4 KiB page on these VMs. Keep them in the heap instead. */
     mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
     mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
+}
+
+uint64_t omv_random_token(const void *salt)
+{
+    uint64_t token = 0;
+    while (token == 0)
+        if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token))
+            token = ((uint64_t)omv_time_ms() << 20) ^ (uint64_t)(uintptr_t)salt;
+    return token;
 }

@@ -1,4 +1,4 @@
-/* Small shared helpers: monotonic time, error names, checked string copies. */
+/* Small shared helpers: monotonic time, random tokens, error names, checked string copies. */
 #pragma once
 
 #include <stddef.h>
@@ -9,6 +9,10 @@
 /* Monotonic clock in milliseconds and seconds. */
 int64_t omv_time_ms(void);
 double omv_time_s(void);
+
+/* A nonzero random 64-bit token (getrandom; the clock and salt if it fails), for secrets such
+ * as the tokens a daemon gives a worker to prove who it is on a second channel. */
+uint64_t omv_random_token(const void *salt);
 
 /* Names a negative errno (or our protocol codes) for messages. */
 const char *omv_strerror(int err);

@@ -7,7 +7,6 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -44,10 +43,7 @@ void omv_local_offer(omv_local_t *self, member_t *m, omv_welcome_t *w)
 {
     if (self->fd < 0 || m->role != OMV_ROLE_TRAINER)
         return;
-    uint64_t token = 0;
-    while (token == 0)
-        if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token))
-            token = ((uint64_t)omv_time_ms() << 20) ^ (uint64_t)(uintptr_t)m;
+    uint64_t token = omv_random_token(m);
     m->shm_token = token;
     omv_strlcpy(w->shm_socket, self->name, sizeof(w->shm_socket));
     w->shm_token = token;

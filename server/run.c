@@ -9,8 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/random.h>
-
 #include "dataset.h"
 #include "log.h"
 #include "safetensors.h"
@@ -370,7 +368,7 @@ static int write_checkpoint(omv_run_t *r)
         .tuner = r->tuner,
     };
     r->ckpt_forced = 0;
-    if (remote(r) && !r->fetched_final && !r->cut_ready) {
+    if (remote(r) && !r->fetched_final && r->cut_phase != 3) {
         r->ckpt.due = 0;
         r->ckpt.failed_total++;
         omv_log_warn("no checkpoint: the model is on shard servers and no cut of it is in");
@@ -449,10 +447,8 @@ static void cut_checkpoint(omv_run_t *r)
     }
     if (r->cut_phase != 3 || !cut_caught_up(r))
         return;
-    r->cut_ready = 1;
     if (ckpt)
-        write_checkpoint(r);
-    r->cut_ready = 0;
+        write_checkpoint(r); /* from the cut's model (phase 3) */
     admit_joins(r);
     r->cut_phase = 0;
     send_cut_op(r, OMV_SERVER_RESUME);
@@ -1161,10 +1157,7 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
 /* The model is on shard servers: the Welcome names them, and they learn of the newcomer. */
 static void offer_servers(omv_run_t *r, member_t *m, omv_welcome_t *w)
 {
-    uint64_t token = 0;
-    while (token == 0)
-        if (getrandom(&token, sizeof(token), 0) != (ssize_t)sizeof(token))
-            token = ((uint64_t)omv_time_ms() << 20) ^ (uint64_t)(uintptr_t)m;
+    uint64_t token = omv_random_token(m);
     m->attach_token = token;
     w->attach_token = token;
     w->n_servers = r->n_servers;

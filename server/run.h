@@ -132,7 +132,7 @@ typedef struct {
      * server's begun steps), 2 cutting (for their ranges), 3 the ranges are in (waiting for
      * the reports of the steps in it). cut_clocks[max_groups]: the cut's step per group; on a
      * shard server, the steps it may begin while frozen. */
-    int cut_phase, cut_ready;
+    int cut_phase;
     uint32_t joins_pending; /* trainers waiting for a cut to join */
     uint32_t cut_left;
     uint64_t cut_id;
