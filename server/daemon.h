@@ -25,6 +25,7 @@ typedef struct {
     char advertise[256];                    /* role shard: the endpoint workers are told */
     char coordinator_key[OMV_JOB_PATH_MAX]; /* role shard: the coordinator's public certificate */
     double coordinator_timeout_s;           /* role shard: a coordinator this silent is gone */
+    double server_timeout_s;                /* a shard server this silent is gone */
     int once; /* not a config key (omnivored --once): run the given job only, refuse
                * submissions, and tell the workers to exit when it ends */
 } omv_daemon_config_t;

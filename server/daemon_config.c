@@ -52,6 +52,11 @@ const omv_config_entry_t omv_daemon_table[] = {
      sizeof(double), "15", 0.5, 3600, 0,
      "role shard: a coordinator silent this long is taken for gone (its job's part is dropped "
      "and the server registers again)"},
+    {"daemon", "server_timeout_s", OMV_CONFIG_DOUBLE, FIELD(server_timeout_s), sizeof(double), "10",
+     0.5, 3600, 0,
+     "a shard server silent this long (it says its counters every second) is taken for gone: "
+     "its job goes on from a replica, or goes back to its last checkpoint once a server "
+     "registers in its place"},
     {"daemon", "advertise", STR(advertise), "", 0, 0, 0,
      "role shard: the endpoint workers are told to connect to (empty: endpoint, when it names "
      "a host)"},

@@ -95,6 +95,34 @@ static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t
 }
 
 /* A shard server registers: it gets an id, and the job that waits for servers takes it. */
+/* A shard server is gone, and with it the part of a run it held. */
+static void lose_server(omv_daemon_t *d, omv_server_t *s)
+{
+    s->alive = 0;
+    d->servers.lost_total++;
+    if (d->run)
+        omv_run_server_lost(d->run, s);
+    s->run_id = 0;
+}
+
+/* A server that registers at the endpoint of one holding a part of a run, as another process
+ * or over another connection, restarted (systemd's Restart=): the part it held is gone. */
+static void server_restarted(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h)
+{
+    for (uint32_t i = 0; i < d->servers.n; i++) {
+        omv_server_t *s = &d->servers.rec[i];
+        if (!s->used || !s->alive || s->run_id == 0 || strcmp(s->endpoint, h->endpoint) != 0)
+            continue;
+        if (s->pid == h->pid && s->peer.len == peer->len &&
+            memcmp(s->peer.id, peer->id, peer->len) == 0)
+            continue; /* the same process saying hello again */
+        omv_log_warn("shard server %u (%s) registers again as pid %u (was %u): the part it held "
+                     "is gone",
+                     i + 1, s->endpoint, h->pid, s->pid);
+        lose_server(d, s);
+    }
+}
+
 static void on_server_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h,
                             const char *who)
 {
@@ -103,6 +131,7 @@ static void on_server_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_h
                          "a shard server's hello must name the endpoint its workers use");
         return;
     }
+    server_restarted(d, peer, h);
     omv_server_t *s = omv_servers_register(&d->servers, peer, h);
     if (s == NULL) {
         omv_refusals_add(&d->refusals, peer, OMV_REFUSE_FULL, who,
@@ -350,22 +379,15 @@ static int stalled(const omv_run_t *r, const member_t *m, int64_t now, double *r
     return *ret_s > r->job.progress_timeout_s;
 }
 
-/* A shard server silent this long is gone. */
-#define SERVER_TIMEOUT_MS 10000
-
 static void expire_servers(omv_daemon_t *d, int64_t now)
 {
     for (uint32_t i = 0; i < d->servers.n; i++) {
         omv_server_t *s = &d->servers.rec[i];
-        if (!s->alive || now - s->last_seen_ms <= SERVER_TIMEOUT_MS)
+        if (!s->alive || now - s->last_seen_ms <= (int64_t)(d->cfg.server_timeout_s * 1000))
             continue;
         omv_log_warn("shard server %u (%s) silent for %.1f s: declared gone", i + 1, s->endpoint,
                      (double)(now - s->last_seen_ms) / 1000.0);
-        s->alive = 0;
-        d->servers.lost_total++;
-        if (d->run)
-            omv_run_server_lost(d->run, s);
-        s->run_id = 0;
+        lose_server(d, s);
     }
 }
 

@@ -1901,13 +1901,25 @@ void omv_run_frozen(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *f)
 
 void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
 {
-    if (!remote(r) || s->run_id != r->id || OMV_JOB_OVER(r->state))
+    if (!remote(r) || s->run_id != r->id || OMV_JOB_OVER(r->state) || r->rewind)
         return;
     char why[256];
-    snprintf(why, sizeof(why),
-             "shard server %u (%s) is gone with shards [%u, %u), which have no replica",
-             omv_servers_id(r->env.servers, s), s->endpoint, s->first, s->last);
-    omv_run_finish(r, JOB_FAILED, why);
+    int n = snprintf(why, sizeof(why),
+                     "shard server %u (%s) is gone with shards [%u, %u), which have no replica",
+                     omv_servers_id(r->env.servers, s), s->endpoint, s->first, s->last);
+    if (!r->ckpt.enabled || !r->job.checkpoint_resume ||
+        (r->job.checkpoint_every_s <= 0 && r->job.checkpoint_every_steps <= 0)) {
+        snprintf(why + n, sizeof(why) - (size_t)n,
+                 ", and the job writes no checkpoint to go back to");
+        omv_run_finish(r, JOB_FAILED, why);
+        return;
+    }
+    /* The daemon makes the run again from its last checkpoint (a cut of every server's range),
+     * which waits for as many servers as before: the one that comes back, or another. */
+    omv_log_warn("job '%s': %s; it goes back to its last checkpoint and waits for %lld servers",
+                 r->job.name, why, (long long)r->job.servers);
+    omv_strlcpy(r->rewind_reason, why, sizeof(r->rewind_reason));
+    r->rewind = 1;
 }
 
 /* ---- the model on shard servers: a shard server ---- */

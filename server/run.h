@@ -138,6 +138,10 @@ typedef struct {
     uint64_t cut_id;
     uint64_t *cut_clocks;
     int frozen, cut_set, cut_sent; /* a shard server's side of it */
+    /* A server of the job is gone and no replica holds its shards: the daemon makes the run
+     * again from its last checkpoint (omv_schedule_poll), why says why. */
+    int rewind;
+    char rewind_reason[256];
     uint64_t freeze_id;
     /* How a done job ended: with an evaluation of its final model (the final request answered,
      * or the one that reached stop_at_accuracy), and its final checkpoint 1 written, -1 failed,
@@ -201,7 +205,8 @@ void omv_run_gathered(omv_run_t *self, omv_server_t *s, const omv_server_msg_t *
                       const float *payload, size_t bytes);
 /* A server's begun steps for the cut under way. */
 void omv_run_frozen(omv_run_t *self, omv_server_t *s, const omv_server_msg_t *f);
-/* A server of the job is gone: with no replica of its shards, the job fails. */
+/* A server of the job is gone: with no replica of its shards, the run asks to be made again
+ * from its last checkpoint (rewind), or fails when it writes none. */
 void omv_run_server_lost(omv_run_t *self, omv_server_t *s);
 
 /* ---- a shard server's side ---- */

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,8 +82,46 @@ static void start_next(omv_daemon_t *d)
     }
 }
 
+/* The run lost a shard server with no replica: it is made again from its last checkpoint, and
+ * its workers register again into the new run, which waits for its servers. */
+static void rewind_run(omv_daemon_t *d)
+{
+    omv_run_t *run = d->run;
+    omv_queued_job_t q = {.id = run->id};
+    q.job = malloc(sizeof(*q.job));
+    q.text = strdup(run->text ? run->text : "");
+    if (q.job == NULL || q.text == NULL) {
+        omv_jobs_entry_fini(&q);
+        omv_run_finish(run, JOB_FAILED, run->rewind_reason);
+        return;
+    }
+    *q.job = run->job;
+    omv_strlcpy(q.path, run->path, sizeof(q.path));
+    int submitted = d->jobs->current && d->jobs->current_id == run->id;
+    omv_strlcpy(q.sets, submitted ? d->jobs->current_sets : "", sizeof(q.sets));
+    char why[OMV_WIRE_REASON_MAX];
+    snprintf(why, sizeof(why),
+             "job '%s' goes back to its last checkpoint (a shard server is gone): register again",
+             run->job.name);
+    omv_members_stop_all(d->members, d->router, MEMBER_ALIVE, MEMBER_DONE, why, 1);
+    uint64_t id = q.id;
+    char name[64];
+    omv_strlcpy(name, run->job.name, sizeof(name));
+    int r = omv_schedule_load(d, &q, submitted);
+    if (r < 0) {
+        char fail[160];
+        snprintf(fail, sizeof(fail),
+                 "could not go back to its last checkpoint: %s (see the daemon's log)",
+                 omv_strerror(r));
+        omv_log_error("job %llu '%s' %s", (unsigned long long)id, name, fail);
+        record_unloadable(d->jobs, id, name, q.path, fail);
+    }
+}
+
 void omv_schedule_poll(omv_daemon_t *d)
 {
+    if (d->run && d->run->rewind && !OMV_JOB_OVER(d->run->state))
+        rewind_run(d);
     omv_run_t *run = d->run;
     if (run && OMV_JOB_OVER(run->state) && !run->recorded) {
         run->recorded = 1;

@@ -75,13 +75,23 @@ static void stop_shard(pid_t pid, int i, char *text, size_t cap)
     read_file(log, text, cap);
 }
 
+/* What the next coordinators' config file says (NULL: they have none). */
+static const char *coordinator_conf;
+
 /* The coordinator, with the job, its state in state (a folder of the test's) and its log. */
 static pid_t start_coordinator(const char *state)
 {
-    char dir[700], log[700];
+    char dir[700], log[700], conf[700];
     snprintf(dir, sizeof(dir), "%s/%s", test_dir, state);
     snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    snprintf(conf, sizeof(conf), "%s/coordinator.conf", test_dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(coordinator_conf ? coordinator_conf : "", f);
+    fclose(f);
     char *argv[] = {(char *)bin("OMNIVORED"),
+                    "--config",
+                    conf,
                     "--once",
                     "--job",
                     job_path,
@@ -554,12 +564,30 @@ START_TEST(test_coordinator_restart_resumes)
 }
 END_TEST
 
+/* Waits up to 30 s for the job to be in state; returns its status in body. */
+static void wait_state(const char *want, omv_strbuf_t *body)
+{
+    int64_t deadline = omv_time_ms() + 30000;
+    char state[32] = "";
+    while (strcmp(state, want) != 0) {
+        if (omv_time_ms() > deadline) {
+            dump_logs(2);
+            ck_abort_msg("the job is not %s: %s", want, omv_strbuf_str(body));
+        }
+        sleep_ms(100);
+        if (omv_control_request(sock_path, "status", body, 2000) == 0)
+            text_field(omv_strbuf_str(body), "state", state, sizeof(state));
+    }
+}
+
 START_TEST(test_server_lost_fails_job)
 {
-    /* With no replica yet, a shard server that dies mid-run ends the job, failed, with a
-     * reason that names the server and its shards; the coordinator stays up to say so. */
+    /* With no replica and no checkpoint to go back to, a shard server that goes silent mid-run
+     * ends the job, failed, with a reason that names the server, its shards and why nothing
+     * can be saved; the coordinator stays up to say so. */
     model_section = "layers = 64 32 4";
-    write_job(2, 200, "groups = 1\nstaleness = none\nservers = 2");
+    coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
+    write_job(2, 200, "groups = 1\nstaleness = none\nservers = 2\n[checkpoint]\nevery_s = 0");
     pid_t d = start_coordinator("servers");
     pid_t s[2] = {start_shard(0), start_shard(1)};
     pid_t w[2] = {start_worker("trainer"), start_worker("trainer")};
@@ -588,16 +616,10 @@ START_TEST(test_server_lost_fails_job)
     waitpid(s[1], NULL, 0);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
-    int64_t deadline = omv_time_ms() + 30000;
-    char state[32] = "";
-    while (strcmp(state, "failed") != 0) {
-        ck_assert_msg(omv_time_ms() < deadline, "the job did not fail: %s", omv_strbuf_str(&body));
-        sleep_ms(100);
-        if (omv_control_request(sock_path, "status", &body, 2000) == 0)
-            text_field(omv_strbuf_str(&body), "state", state, sizeof(state));
-    }
-    ck_assert_msg(has_text(omv_strbuf_str(&body), "shard server") &&
-                      has_text(omv_strbuf_str(&body), "no replica"),
+    wait_state("failed", &body);
+    ck_assert_msg(has_text(omv_strbuf_str(&body), "shard1.sock") &&
+                      has_text(omv_strbuf_str(&body), "no replica") &&
+                      has_text(omv_strbuf_str(&body), "no checkpoint to go back to"),
                   "reason: %s", omv_strbuf_str(&body));
     omv_strbuf_fini(&body);
     stop_workers(w, 2);
@@ -605,6 +627,66 @@ START_TEST(test_server_lost_fails_job)
     char text[65536];
     stop_shard(s[0], 0, text, sizeof(text));
     ck_assert_msg(!has_text(text, "no word from the coordinator"), "%s", text);
+    coordinator_conf = NULL;
+}
+END_TEST
+
+/* The images of the checkpoint the coordinator's log last says it resumed. */
+static double resumed_images(void)
+{
+    static char text[1 << 18];
+    char log[700];
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    read_file(log, text, sizeof(text));
+    const char *at = NULL;
+    for (const char *p = text; (p = strstr(p, "resumed from ")) != NULL; p++)
+        at = p;
+    ck_assert_msg(at != NULL, "the coordinator resumed nothing: %s", text);
+    const char *n = strstr(at, " images");
+    ck_assert_ptr_nonnull(n);
+    while (n > at && n[-1] != ' ')
+        n--;
+    return atof(n);
+}
+
+START_TEST(test_server_lost_goes_back)
+{
+    /* Replication off: a shard server SIGKILLed mid-run and started again (as systemd's
+     * Restart= would) registers as a new process. The coordinator takes the part it held for
+     * lost, sends its workers and the other server back to the job's last checkpoint (a cut),
+     * and goes on once it has two servers again. The job ends done, at most one checkpoint
+     * interval of steps is trained again, and every image of its epochs is counted once. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 30, "groups = 1\nstaleness = none\nservers = 2\n[checkpoint]\nevery_steps = 100");
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    double at_kill = wait_status("images_total", 250 * 32, 60000);
+    kill(s[1], SIGKILL);
+    waitpid(s[1], NULL, 0);
+    s[1] = start_shard(1);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done_or_dump(&body, 2);
+    double images = field(omv_strbuf_str(&body), "images_total");
+    omv_strbuf_fini(&body);
+    double back_to = resumed_images();
+    ck_assert_msg(back_to >= 100 * 32 && at_kill - back_to <= 100 * 32 + 2 * 32,
+                  "killed at %.0f images, went back to %.0f", at_kill, back_to);
+    ck_assert_msg(images >= 30 * 4096 && images <= 30 * 4096 + 32, "images %f", images);
+    ck_assert_msg(acc > 0.95, "accuracy %f", acc);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    char log[700], text[65536];
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(has_text(text, "registers again as pid") &&
+                      has_text(text, "goes back to its last checkpoint"),
+                  "%s", text);
+    for (int i = 0; i < 2; i++) {
+        stop_shard(s[i], i, text, sizeof(text));
+        ck_assert_msg(has_text(text, "training finished"), "shard %d: %s", i, text);
+    }
 }
 END_TEST
 
@@ -646,6 +728,7 @@ static Suite *servers_suite(void)
     tcase_add_test(tc, test_servers_trainer_dies);
     tcase_add_test(tc, test_coordinator_restart_resumes);
     tcase_add_test(tc, test_server_lost_fails_job);
+    tcase_add_test(tc, test_server_lost_goes_back);
     tcase_add_test(tc, test_worker_at_shard_server_refused);
     suite_add_tcase(s, tc);
     return s;
