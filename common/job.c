@@ -431,8 +431,6 @@ static int validate_servers(const omv_job_t *job, const char *path, char *err)
                  "%s: [cluster] shards: %lld shards cannot spread over %lld servers: give at "
                  "least as many shards as servers",
                  path, (long long)job->shards, (long long)job->servers);
-    else if (job->optimizer)
-        what = "[optimizer] enabled (it regroups, which shard servers cannot follow yet)";
     else if (job->split_by_speed)
         what = "[cluster] split = speed";
     if (what)

@@ -286,6 +286,11 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->bytes_in = m->bytes_in;
     out->bytes_out = m->bytes_out;
     out->adam_steps = m->adam_steps;
+    out->reconfig = m->reconfig;
+    out->learning_rate = m->learning_rate;
+    out->momentum = m->momentum;
+    out->weight_decay = m->weight_decay;
+    out->no_ranges = m->no_ranges != 0;
     return out;
 }
 
@@ -526,6 +531,11 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->bytes_in = s->bytes_in;
     m->bytes_out = s->bytes_out;
     m->adam_steps = s->adam_steps;
+    m->reconfig = s->reconfig;
+    m->learning_rate = s->learning_rate;
+    m->momentum = s->momentum;
+    m->weight_decay = s->weight_decay;
+    m->no_ranges = s->no_ranges;
     if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0)
         return -EPROTO;
     return copy_str(m->key, sizeof(m->key), s->key, "key", why);

@@ -165,6 +165,15 @@ typedef enum {
     OMV_SERVER_OP_COUNT_
 } omv_server_op_t;
 
+/* SERVER_RESUME's reconfig: what changes at the cut. */
+enum {
+    OMV_SERVER_RECONFIG_REGROUP = 1,
+    OMV_SERVER_RECONFIG_SGD = 2,
+    OMV_SERVER_RECONFIG_SNAPSHOT = 4,
+    OMV_SERVER_RECONFIG_RESTORE = 8,
+    OMV_SERVER_RECONFIG_PROBING = 16, /* from the cut on, steps are the optimizer's probe's */
+};
+
 /* SERVER_MEMBER's state. */
 enum { OMV_SERVER_MEMBER_ALIVE = 0, OMV_SERVER_MEMBER_LEFT = 1, OMV_SERVER_MEMBER_DEAD = 2 };
 
@@ -186,6 +195,9 @@ typedef struct {
     uint64_t images, steps;
     uint64_t pushes, pulls, bytes_in, bytes_out; /* STATS */
     uint64_t adam_steps;
+    uint32_t reconfig; /* RESUME: OMV_SERVER_RECONFIG_* (payload: each slot's group) */
+    float learning_rate, momentum, weight_decay;
+    int no_ranges; /* CUT: answer GATHERED without the range */
 } omv_server_msg_t;
 
 typedef struct {

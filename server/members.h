@@ -42,12 +42,13 @@ typedef struct {
      * answered shard by shard as each shard of that step is applied. */
     uint32_t sent_n;
     uint64_t sent[(OMV_WIRE_MAX_SHARDS + 63) / 64];
-    uint32_t batch;       /* images it was given for the step it was last sent */
-    uint32_t planned;     /* [cluster] split = speed: its share of its group's batch */
-    float weight;         /* what its gradient counts for in its group's mean, set with batch */
-    double ms_per_image;  /* its compute time per image, averaged over recent steps */
-    int served;           /* it was sent parameters at least once */
-    uint64_t served_step; /* the step it was last sent parameters for */
+    uint32_t batch;        /* images it was given for the step it was last sent */
+    uint32_t planned;      /* [cluster] split = speed: its share of its group's batch */
+    float weight;          /* what its gradient counts for in its group's mean, set with batch */
+    double ms_per_image;   /* its compute time per image, averaged over recent steps */
+    int served;            /* it was sent parameters at least once */
+    uint64_t served_step;  /* the step it was last sent parameters for */
+    uint64_t regroup_step; /* a shard server regrouped at a cut before its pull came: for this */
     /* A trainer on the daemon's host: its shared segments (common/shm.h), while shm_on. */
     uint64_t shm_token;    /* what its Welcome offered; 0: nothing offered */
     uint64_t attach_token; /* the model on shard servers: what its Attach to them carries */

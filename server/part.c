@@ -237,11 +237,11 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
         break;
     case OMV_SERVER_CUT:
         if (d->run)
-            omv_run_part_cut(d->run, u->gather_id, u->clocks, u->n_groups);
+            omv_run_part_cut(d->run, u->gather_id, u->clocks, u->n_groups, u->no_ranges);
         break;
     case OMV_SERVER_RESUME:
         if (d->run)
-            omv_run_part_resume(d->run);
+            omv_run_part_resume(d->run, u, payload, bytes);
         break;
     default:
         omv_log_warn("ignoring %s from the coordinator", omv_server_op_name(u->op));

@@ -149,7 +149,7 @@ static void on_advance(void *ctx, uint32_t group, uint64_t clock)
      * count as training. */
     if (omv_tuner_probing(r->tuner))
         omv_tuner_count_probe_images(r->tuner, images);
-    else
+    else if (!r->part_probing)
         r->images_total += images;
     r->group_images[group] = 0;
     r->group_loss_sum[group] = 0;
@@ -423,21 +423,94 @@ static void send_cut_op(omv_run_t *r, omv_server_op_t op)
         u->n_groups = omv_groups_count(r->groups);
         for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
             u->clocks[g] = r->cut_clocks[g];
+        u->no_ranges = !r->cut_ranges;
     }
     omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
 }
 
-/* The model on shard servers: a checkpoint is a consistent cut. The servers stop beginning
- * steps and say which they began; each then finishes the most any began and sends its range;
- * once the reports of those steps are in too, the daemon writes the checkpoint as one daemon
- * would, and the servers go on. */
+/* The pending change happens at the cut: here, and in RESUME (u, with each slot's group in
+ * group_of[n_slots]) on every server, all at the same step boundary. As try_reconfig, after a
+ * restore every group starts again at a common clock. The probe base is the servers': their
+ * shards save and restore their own. */
+static void cut_reconfig(omv_run_t *r, omv_server_msg_t *u, int32_t *group_of)
+{
+    omv_reconfig_t rc = r->reconfig;
+    memset(&r->reconfig, 0, sizeof(r->reconfig));
+    uint64_t clock = 0;
+    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
+        if (omv_groups_live(r->groups, g) > 0 && omv_groups_clock(r->groups, g) > clock)
+            clock = omv_groups_clock(r->groups, g);
+    uint32_t g = rc.groups ? rc.groups : rc.restore ? omv_groups_count(r->groups) : 0;
+    if (g && omv_reconfig_regroup(r->groups, r->env.members, r->n_slots, g, clock,
+                                  omv_run_live_trainers(r)) == 0) {
+        r->regroups_total++;
+        u->reconfig |= OMV_SERVER_RECONFIG_REGROUP;
+        u->n_groups = omv_groups_count(r->groups);
+        for (uint32_t k = 0; k < u->n_groups && k < OMV_WIRE_MAX_CLOCKS; k++)
+            u->clocks[k] = clock;
+        for (uint32_t slot = 0; slot < r->n_slots; slot++)
+            group_of[slot] = omv_groups_of(r->groups, slot);
+        u->count = r->n_slots;
+    }
+    if (rc.set_sgd) {
+        r->sgd = rc.sgd;
+        u->reconfig |= OMV_SERVER_RECONFIG_SGD;
+        omv_log_info("momentum %g, learning rate %g from step %llu", r->sgd.momentum,
+                     r->sgd.learning_rate, (unsigned long long)clock);
+    }
+    u->learning_rate = r->sgd.learning_rate;
+    u->momentum = r->sgd.momentum;
+    u->weight_decay = r->sgd.weight_decay;
+    u->reconfig |= (rc.snapshot ? OMV_SERVER_RECONFIG_SNAPSHOT : 0) |
+                   (rc.restore ? OMV_SERVER_RECONFIG_RESTORE : 0);
+    omv_tuner_applied(r->tuner, rc.opt_gen, omv_run_epoch(r), omv_time_s());
+    omv_timeline_now_t now = timeline_now(r);
+    omv_timeline_config(&r->timeline, &now, rc.opt_gen ? "optimizer" : "regroup");
+}
+
+/* The servers go on from the cut, with the pending change if any. */
+static void cut_resume(omv_run_t *r)
+{
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = OMV_SERVER_RESUME;
+    u->gather_id = r->cut_id;
+    /* The cut's counters: every step in it is reported (a server's may differ by a probe's). */
+    u->images = r->images_total;
+    u->steps = r->steps_total;
+    int32_t *group_of = NULL;
+    if (r->reconfig.pending) {
+        group_of = calloc(r->n_slots + 1, sizeof(int32_t));
+        if (group_of)
+            cut_reconfig(r, u, group_of);
+        else
+            omv_log_error("the change asked for waits: out of memory");
+    }
+    /* A probe's steps are not training's: the servers count them as this daemon does. */
+    u->reconfig |= omv_tuner_probing(r->tuner) ? OMV_SERVER_RECONFIG_PROBING : 0;
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
+        if (s->alive && s->run_id == r->id &&
+            omv_servers_send(r->env.servers, r->env.router, s, &msg, group_of) < 0)
+            omv_log_warn("cannot send resume to shard server %u", r->server_ids[i]);
+    }
+    free(group_of);
+}
+
+/* The model on shard servers: a checkpoint, a join or a change (regroup, the optimizer's) is
+ * made at a consistent cut. The servers stop beginning steps and say which they began; each
+ * then finishes the most any began and (for a checkpoint) sends its range; once the reports of
+ * those steps are in too, the daemon writes the checkpoint as one daemon would, takes the
+ * newcomers, makes the change everywhere, and the servers go on. A checkpoint waits for the
+ * optimizer's probe to end: the servers' shards then hold the model to keep. */
 static void cut_checkpoint(omv_run_t *r)
 {
-    int ckpt = r->ckpt.due && r->ckpt.enabled;
-    if ((!ckpt && r->joins_pending == 0) || r->state != JOB_RUNNING)
+    int ckpt = r->ckpt.due && r->ckpt.enabled && !omv_tuner_probing(r->tuner);
+    if ((!ckpt && r->joins_pending == 0 && !r->reconfig.pending) || r->state != JOB_RUNNING)
         return;
-    if (r->cut_phase == 0 && fetch_buffers(r) == 0) {
+    if (r->cut_phase == 0 && (!ckpt || fetch_buffers(r) == 0)) {
         r->cut_phase = 1;
+        r->cut_ranges = ckpt;
         r->cut_id = ++r->fetch_id;
         r->cut_left = r->n_servers;
         r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */
@@ -447,11 +520,13 @@ static void cut_checkpoint(omv_run_t *r)
     }
     if (r->cut_phase != 3 || !cut_caught_up(r))
         return;
-    if (ckpt)
+    if (r->cut_ranges && r->ckpt.due && r->ckpt.enabled)
         write_checkpoint(r); /* from the cut's model (phase 3) */
     admit_joins(r);
     r->cut_phase = 0;
-    send_cut_op(r, OMV_SERVER_RESUME);
+    cut_resume(r);
+    if (!r->cut_ranges)
+        return;
     r->fetch_fresh = 1; /* an evaluation that waited may take this model */
     if (r->eval.wanted) {
         r->eval.wanted = 0;
@@ -758,7 +833,7 @@ static void serve_early(omv_run_t *r, uint32_t group, uint32_t s)
  * that began their step may finish it; the others wait for the change. */
 static void serve_parked(omv_run_t *r)
 {
-    if (r->images_total >= r->target_images)
+    if (remote(r) || r->images_total >= r->target_images)
         return; /* the job's end: no step begins */
     int holding = r->reconfig.pending && !try_reconfig(r);
     for (uint32_t i = 0; i < r->env.members->n; i++) {
@@ -786,6 +861,11 @@ void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
     }
     int g = omv_groups_of(r->groups, m->slot);
     uint64_t clock = g >= 0 ? omv_groups_clock(r->groups, (uint32_t)g) : 0;
+    omv_pull_t asked = *p;
+    if (m->regroup_step > 0 && !m->parked && p->step < m->regroup_step)
+        asked.step = m->regroup_step; /* sent before a regroup at a cut: for its common clock */
+    m->regroup_step = 0;
+    p = &asked;
     if (m->parked || p->step < clock || p->step > clock + 1) {
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "pull for step %llu but group %d is at step %llu%s",
@@ -1591,8 +1671,9 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
     e = omv_run_ckpt_init(&r->ckpt, &r->job, r->env.state_dir, r->env.checkpoint_root);
     if (e < 0)
         goto fail;
-    if (job->optimizer) {
-        /* Its decisions file goes beside the checkpoints. */
+    if (job->optimizer && !r->is_part) {
+        /* Its decisions file goes beside the checkpoints. The coordinator's decides for the
+         * shard servers, and tells them at each cut. */
         r->tuner = omv_tuner_new(job, r->ckpt.enabled ? r->ckpt.dir : NULL);
         if (r->tuner == NULL)
             goto fail;
@@ -1835,6 +1916,11 @@ void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
 /* Every server's range is in: into the shards, and on with what waited for it. */
 static void fetched(omv_run_t *r)
 {
+    if (r->cut_phase == 2 && !r->cut_ranges) {
+        r->cut_phase = 3; /* the cut's steps are in everywhere: the change once reported */
+        checkpoint_if_due(r);
+        return;
+    }
     uint64_t steps[OMV_WIRE_MAX_SHARDS];
     for (uint32_t i = 0; i < r->shards->n_shards; i++)
         steps[i] = r->fetch_adam_steps;
@@ -1865,6 +1951,8 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
     size_t want = (size_t)state_arrays(r) * count * sizeof(float);
     if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
         return; /* an older gather's answer */
+    if (r->cut_phase == 2 && !r->cut_ranges)
+        want = 0; /* a cut without ranges: the server's steps are in */
     if (g->first_shard != s->first || g->last_shard != s->last || bytes != want) {
         omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
                       "(%zu bytes): ignored",
@@ -1873,7 +1961,7 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
         return;
     }
     float *dst[3] = {r->fetch_params, r->fetch_velocity, r->fetch_second};
-    for (uint32_t a = 0; a < state_arrays(r); a++)
+    for (uint32_t a = 0; want > 0 && a < state_arrays(r); a++)
         memcpy(dst[a] + off, payload + (size_t)a * count, count * sizeof(float));
     if (s->first == 0)
         r->fetch_adam_steps = g->adam_steps;
@@ -2039,10 +2127,11 @@ void omv_run_part_freeze(omv_run_t *r, uint64_t id)
         omv_log_error("cannot answer the coordinator's freeze: %s", omv_strerror(e));
 }
 
-void omv_run_part_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n)
+void omv_run_part_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n, int no_ranges)
 {
     if (!r->frozen || id != r->freeze_id)
         return;
+    r->cut_no_ranges = no_ranges;
     for (uint32_t g = 0; g < n && g < r->max_groups; g++)
         r->cut_clocks[g] = clocks[g];
     r->cut_set = 1;
@@ -2062,11 +2151,67 @@ static void part_cut_check(omv_run_t *r)
     if (!omv_groups_settled(r->groups))
         return;
     r->cut_sent = 1;
-    omv_run_part_gather(r, r->freeze_id, 0);
+    if (!r->cut_no_ranges) {
+        omv_run_part_gather(r, r->freeze_id, 0);
+        return;
+    }
+    omv_msg_t msg = {.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg.u.server;
+    u->op = OMV_SERVER_GATHERED;
+    u->server_id = r->part.server_id;
+    u->first_shard = r->part.first;
+    u->last_shard = r->part.last;
+    u->gather_id = r->freeze_id;
+    int e = omv_router_up_send(r->env.router, &msg, NULL);
+    if (e < 0)
+        omv_log_error("cannot tell the coordinator the cut's steps are in: %s", omv_strerror(e));
 }
 
-void omv_run_part_resume(omv_run_t *r)
+/* The coordinator's change at the cut, as try_reconfig makes it on one daemon. */
+static void part_reconfig(omv_run_t *r, const omv_server_msg_t *u, const int32_t *group_of,
+                          size_t words)
 {
+    if (u->reconfig & OMV_SERVER_RECONFIG_RESTORE)
+        probe_base(r, &(omv_reconfig_t){.restore = 1});
+    if (u->reconfig & OMV_SERVER_RECONFIG_SNAPSHOT)
+        probe_base(r, &(omv_reconfig_t){.snapshot = 1});
+    if (u->reconfig & OMV_SERVER_RECONFIG_SGD) {
+        r->sgd.learning_rate = u->learning_rate;
+        r->sgd.momentum = u->momentum;
+        r->sgd.weight_decay = u->weight_decay;
+        omv_log_info("momentum %g, learning rate %g (the coordinator's)", r->sgd.momentum,
+                     r->sgd.learning_rate);
+    }
+    if (!(u->reconfig & OMV_SERVER_RECONFIG_REGROUP))
+        return;
+    uint64_t clock = u->n_groups ? u->clocks[0] : 0;
+    if (words != r->n_slots || u->n_groups == 0 || u->n_groups > omv_groups_max(r->groups) ||
+        omv_groups_regroup(r->groups, u->n_groups, group_of, clock) < 0) {
+        omv_log_error("the coordinator regroups into %u groups over %zu slots (we have %u "
+                      "slots): not applied",
+                      u->n_groups, words, r->n_slots);
+        return;
+    }
+    r->regroups_total++;
+    omv_log_info("regrouped: %u groups, from step %llu (the coordinator's)", u->n_groups,
+                 (unsigned long long)clock);
+    /* Everyone's next step is the common clock; a pull still on its way is taken for it. */
+    for (uint32_t i = 0; i < r->env.members->n; i++) {
+        member_t *m = &r->env.members->records[i];
+        if (m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER) {
+            m->parked_step = clock;
+            m->regroup_step = m->parked ? 0 : clock;
+        }
+    }
+}
+
+void omv_run_part_resume(omv_run_t *r, const omv_server_msg_t *u, const void *payload, size_t bytes)
+{
+    if (u->reconfig)
+        part_reconfig(r, u, payload, bytes / sizeof(int32_t));
+    r->part_probing = (u->reconfig & OMV_SERVER_RECONFIG_PROBING) != 0;
+    r->images_total = u->images;
+    r->steps_total = u->steps;
     r->frozen = 0;
     if (r->state == JOB_RUNNING)
         serve_parked(r);

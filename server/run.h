@@ -133,11 +133,13 @@ typedef struct {
      * the reports of the steps in it). cut_clocks[max_groups]: the cut's step per group; on a
      * shard server, the steps it may begin while frozen. */
     int cut_phase;
+    int cut_ranges; /* the servers send their ranges (a checkpoint); else only their steps */
     uint32_t joins_pending; /* trainers waiting for a cut to join */
     uint32_t cut_left;
     uint64_t cut_id;
     uint64_t *cut_clocks;
-    int frozen, cut_set, cut_sent; /* a shard server's side of it */
+    int frozen, cut_set, cut_sent, cut_no_ranges; /* a shard server's side of it */
+    int part_probing; /* the coordinator's optimizer probes: steps here are not training's */
     /* A server of the job is gone and no replica holds its shards: the daemon makes the run
      * again from its last checkpoint (omv_schedule_poll), why says why. */
     int rewind;
@@ -223,10 +225,13 @@ void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final);
 int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity,
                       const float *second, uint64_t adam_steps, size_t count);
 /* A cut: begin no more steps and say which each group has begun (FREEZE); finish the steps
- * up to the cut's and send the range (CUT); go on (RESUME). */
+ * up to the cut's and send the range, or only say so (CUT); go on, with the coordinator's
+ * change if it makes one: a regroup, the update rule, the probe base (RESUME). */
 void omv_run_part_freeze(omv_run_t *self, uint64_t id);
-void omv_run_part_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n);
-void omv_run_part_resume(omv_run_t *self);
+void omv_run_part_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n,
+                      int no_ranges);
+void omv_run_part_resume(omv_run_t *self, const omv_server_msg_t *u, const void *payload,
+                         size_t bytes);
 
 /* ---- from the loop ---- */
 

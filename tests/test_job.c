@@ -325,6 +325,14 @@ START_TEST(test_cluster_rules)
     write_job("[model]\nlayers = 4 2\n[train]\nbatch_size = 3\n"
               "[cluster]\nworkers = 4\ngroups = 2\n");
     ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    /* Shard servers: at least a shard each, and not yet with split = speed; the optimizer's
+     * changes are made at cuts, so it runs with them. */
+    const char *words4[] = {path, "shards", "servers", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[cluster]\nservers = 3\nshards = 2\n", words4);
+    const char *words5[] = {path, "servers = 2", "split = speed", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[cluster]\nservers = 2\nsplit = speed\n", words5);
+    write_job("[model]\nlayers = 4 2\n[cluster]\nservers = 2\n[optimizer]\nenabled = yes\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
 }
 END_TEST
 

@@ -690,6 +690,115 @@ START_TEST(test_server_lost_goes_back)
 }
 END_TEST
 
+/* Counts the lines of shard server i's log that hold text. */
+static int shard_log_count(int i, const char *text)
+{
+    static char log_text[1 << 18];
+    char log[700];
+    snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
+    read_file(log, log_text, sizeof(log_text));
+    int n = 0;
+    for (const char *p = log_text; (p = strstr(p, text)) != NULL; p++)
+        n++;
+    return n;
+}
+
+/* Shard server i's status over its own control socket: nothing refused, every gradient taken
+ * summed once. */
+static void check_shard_exactly_once(int i)
+{
+    char ctl[700];
+    snprintf(ctl, sizeof(ctl), "%s/shard%d.ctl", test_dir, i);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    ck_assert_int_eq(omv_control_request(ctl, "status", &body, 5000), 0);
+    const char *t = omv_strbuf_str(&body);
+    ck_assert_msg(field(t, "refused_total") == 0, "shard %d: %s", i, t);
+    ck_assert_msg(field(t, "summed_total") == field(t, "pushes_recorded_total"), "shard %d: %s", i,
+                  t);
+    omv_strbuf_fini(&body);
+}
+
+START_TEST(test_servers_regroup)
+{
+    /* `omnivorectl regroup 2` on a job over 2 shard servers: the change is made at a cut, on
+     * the coordinator and on both servers at the same step, and the job ends done with two
+     * groups, every image counted once and nothing refused anywhere. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 40, "groups = 1\nstaleness = 2\nservers = 2");
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    wait_status("steps_total", 200, 60000);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    control("regroup 2", &body);
+    wait_status("regroups_total", 1, 20000);
+    double acc = wait_done_or_dump(&body, 2);
+    const char *t = omv_strbuf_str(&body);
+    double images = field(t, "images_total");
+    ck_assert_msg(field(t, "groups_now") == 2, "%s", t);
+    ck_assert_msg(images >= 40 * 4096 && images <= 40 * 4096 + 32, "images %f", images);
+    ck_assert_msg(acc > 0.95, "accuracy %f", acc);
+    omv_strbuf_fini(&body);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(shard_log_count(i, "regrouped: 2 groups, from step") == 1, "shard %d", i);
+        check_shard_exactly_once(i);
+    }
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    char text[65536];
+    for (int i = 0; i < 2; i++)
+        stop_shard(s[i], i, text, sizeof(text));
+}
+END_TEST
+
+START_TEST(test_servers_optimizer)
+{
+    /* The optimizer on a job over 2 shard servers: it probes, chooses and runs phases; each
+     * change (groups, momentum, learning rate, the probe base saved and put back) is made at a
+     * cut on every server. The job ends done with every image counted once, and each server
+     * made as many regroups as the coordinator. */
+    model_section = "layers = 64 32 4";
+    write_job(4, 40, "groups = 1\nservers = 2");
+    FILE *f = fopen(job_path, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("[optimizer]\nenabled = yes\nphase_steps = 160\nprobe_steps = 6\n", f);
+    fclose(f);
+    pid_t d = start_coordinator("servers");
+    pid_t s[2] = {start_shard(0), start_shard(1)};
+    pid_t w[5];
+    for (int i = 0; i < 4; i++)
+        w[i] = start_worker_slow("trainer", "0-2");
+    w[4] = start_worker("evaluator");
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    double acc = wait_done_or_dump(&body, 2);
+    const char *t = omv_strbuf_str(&body);
+    double images = field(t, "images_total"), regroups = field(t, "regroups_total");
+    ck_assert_msg(images >= 40 * 4096 && images <= 40 * 4096 + 32, "images %f", images);
+    ck_assert_msg(acc > 0.95, "accuracy %f", acc);
+    ck_assert_msg(regroups >= 2, "%s", t);
+    static char json[1 << 20];
+    control("summary --json", &body);
+    omv_strlcpy(json, omv_strbuf_str(&body), sizeof(json));
+    ck_assert_msg(has_text(json, "\"event\":\"probe\"") && has_text(json, "\"event\":\"choose\""),
+                  "%s", json);
+    omv_strbuf_fini(&body);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(shard_log_count(i, "regrouped: ") == (int)regroups, "shard %d: %d of %.0f", i,
+                      shard_log_count(i, "regrouped: "), regroups);
+        ck_assert_msg(shard_log_count(i, "(the coordinator's)") > 0, "shard %d", i);
+        check_shard_exactly_once(i);
+    }
+    stop_workers(w, 5);
+    shutdown_daemon(d);
+    char text[65536];
+    for (int i = 0; i < 2; i++)
+        stop_shard(s[i], i, text, sizeof(text));
+}
+END_TEST
+
 START_TEST(test_worker_at_shard_server_refused)
 {
     /* A worker pointed at a shard server instead of the coordinator is told where to go. */
@@ -730,6 +839,8 @@ static Suite *servers_suite(void)
     tcase_add_test(tc, test_server_lost_fails_job);
     tcase_add_test(tc, test_server_lost_goes_back);
     tcase_add_test(tc, test_worker_at_shard_server_refused);
+    tcase_add_test(tc, test_servers_regroup);
+    tcase_add_test(tc, test_servers_optimizer);
     suite_add_tcase(s, tc);
     return s;
 }

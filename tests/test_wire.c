@@ -564,6 +564,8 @@ START_TEST(test_servers_round_trip)
     strcpy(u->key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
     u->token = 99, u->gather_id = 12, u->final = 1, u->count = 0;
     u->images = 1ULL << 33, u->steps = 1000;
+    u->reconfig = OMV_SERVER_RECONFIG_REGROUP | OMV_SERVER_RECONFIG_RESTORE;
+    u->learning_rate = 0.025f, u->momentum = 0.6f, u->weight_decay = 1e-4f, u->no_ranges = 1;
     round_trip(&m, &d);
     const omv_server_msg_t *v = &d.u.server;
     ck_assert_int_eq(v->op, OMV_SERVER_MEMBER);
@@ -580,6 +582,9 @@ START_TEST(test_servers_round_trip)
     ck_assert_str_eq(v->key, u->key);
     ck_assert(v->token == 99 && v->gather_id == 12 && v->final == 1);
     ck_assert(v->images == 1ULL << 33 && v->steps == 1000);
+    ck_assert_uint_eq(v->reconfig, OMV_SERVER_RECONFIG_REGROUP | OMV_SERVER_RECONFIG_RESTORE);
+    ck_assert(v->learning_rate == 0.025f && v->momentum == 0.6f && v->weight_decay == 1e-4f);
+    ck_assert_int_eq(v->no_ranges, 1);
     ck_assert_str_eq(omv_server_op_name(v->op), "member");
 }
 END_TEST
