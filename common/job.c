@@ -98,6 +98,10 @@ const omv_config_entry_t omv_job_table[] = {
     {"cluster", "shards", INT(shards), "2", 1, 256, 0, "parameter shards on the daemon"},
     {"cluster", "servers", INT(servers), "0", 0, 16, 0,
      "shard servers (omnivored --role shard) the model is spread over; 0: the daemon holds it"},
+    {"cluster", "replicas", INT(replicas), "1", 1, 2, 0,
+     "copies of each server's range: 2 puts a backup of each on another shard server (the job "
+     "waits for servers x replicas of them), which workers push to as well, so that a server "
+     "that dies loses no step; 1: none (a dead server's job goes back to its last checkpoint)"},
     {"cluster", "split", STR(split_name), "even", 0, 0, 0,
      "how a group's batch is shared among its members: even (as evenly as it goes), or speed "
      "(in proportion to each member's measured images/s, so a slower one does not hold its "
@@ -424,8 +428,23 @@ double omv_job_lr_factor(const omv_job_t *job, double epoch, uint64_t steps)
 static int validate_servers(const omv_job_t *job, const char *path, char *err)
 {
     const char *what = NULL;
+    if (job->servers == 0 && job->replicas > 1) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [cluster] replicas = %lld: replicas are of shard servers' ranges; give "
+                 "[cluster] servers",
+                 path, (long long)job->replicas);
+        return -EINVAL;
+    }
     if (job->servers == 0)
         return 0;
+    if (job->servers * job->replicas > OMV_WIRE_MAX_SERVERS) {
+        snprintf(err, OMV_CONFIG_ERR_MAX,
+                 "%s: [cluster] servers = %lld with replicas = %lld: %lld shard servers, at most "
+                 "%d",
+                 path, (long long)job->servers, (long long)job->replicas,
+                 (long long)(job->servers * job->replicas), OMV_WIRE_MAX_SERVERS);
+        return -EINVAL;
+    }
     if (job->shards < job->servers)
         snprintf(err, OMV_CONFIG_ERR_MAX,
                  "%s: [cluster] shards: %lld shards cannot spread over %lld servers: give at "

@@ -72,7 +72,8 @@ typedef struct {
     int64_t groups;
     int64_t staleness; /* -1: no bound */
     int64_t shards;
-    int64_t servers; /* shard servers the model is spread over; 0: the daemon holds it */
+    int64_t servers;  /* shard servers the model is spread over; 0: the daemon holds it */
+    int64_t replicas; /* copies of each server's range (2: a backup on another server) */
     double worker_timeout_s;
     double progress_timeout_s; /* a trainer that pushes nothing this long is dead */
     double start_timeout_s;    /* start with fewer than `workers` after this long */

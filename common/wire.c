@@ -116,8 +116,8 @@ typedef struct {
         Omnivore__Server server;
     } u;
     Omnivore__JobSpec job;
-    Omnivore__ServerInfo infos[OMV_WIRE_MAX_SERVERS];
-    Omnivore__ServerInfo *info_ptrs[OMV_WIRE_MAX_SERVERS];
+    Omnivore__ServerInfo infos[2 * OMV_WIRE_MAX_SERVERS];
+    Omnivore__ServerInfo *info_ptrs[2 * OMV_WIRE_MAX_SERVERS];
 } bodies_t;
 
 static Omnivore__Hello *encode_hello(const omv_hello_t *h, Omnivore__Hello *out)
@@ -169,20 +169,29 @@ static void encode_jobspec(const omv_jobspec_t *j, Omnivore__JobSpec *out)
 }
 
 /* An idle worker's welcome carries no job. */
+static size_t encode_infos(const omv_server_info_t *in, uint32_t n, Omnivore__ServerInfo *infos,
+                           Omnivore__ServerInfo **ptrs)
+{
+    n = n < OMV_WIRE_MAX_SERVERS ? n : OMV_WIRE_MAX_SERVERS;
+    for (uint32_t i = 0; i < n; i++) {
+        Omnivore__ServerInfo *s = &infos[i];
+        *s = (Omnivore__ServerInfo)OMNIVORE__SERVER_INFO__INIT;
+        s->endpoint = (char *)in[i].endpoint;
+        s->public_key = (char *)in[i].public_key;
+        s->first_shard = in[i].first_shard;
+        s->last_shard = in[i].last_shard;
+        ptrs[i] = s;
+    }
+    return n;
+}
+
 static void encode_servers(const omv_welcome_t *w, Omnivore__Welcome *out, bodies_t *b)
 {
-    uint32_t n = w->n_servers < OMV_WIRE_MAX_SERVERS ? w->n_servers : OMV_WIRE_MAX_SERVERS;
-    for (uint32_t i = 0; i < n; i++) {
-        Omnivore__ServerInfo *s = &b->infos[i];
-        *s = (Omnivore__ServerInfo)OMNIVORE__SERVER_INFO__INIT;
-        s->endpoint = (char *)w->servers[i].endpoint;
-        s->public_key = (char *)w->servers[i].public_key;
-        s->first_shard = w->servers[i].first_shard;
-        s->last_shard = w->servers[i].last_shard;
-        b->info_ptrs[i] = s;
-    }
-    out->n_servers = n;
-    out->servers = n ? b->info_ptrs : NULL;
+    out->n_servers = encode_infos(w->servers, w->n_servers, b->infos, b->info_ptrs);
+    out->servers = out->n_servers ? b->info_ptrs : NULL;
+    out->n_backups = encode_infos(w->backups, w->n_backups, b->infos + OMV_WIRE_MAX_SERVERS,
+                                  b->info_ptrs + OMV_WIRE_MAX_SERVERS);
+    out->backups = out->n_backups ? b->info_ptrs + OMV_WIRE_MAX_SERVERS : NULL;
     out->attach_token = w->attach_token;
 }
 
@@ -291,6 +300,8 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->momentum = m->momentum;
     out->weight_decay = m->weight_decay;
     out->no_ranges = m->no_ranges != 0;
+    out->backup = m->backup != 0;
+    out->failover = m->failover != 0;
     return out;
 }
 
@@ -474,26 +485,47 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
     return 0;
 }
 
-/* The servers must hold every shard, in order, each once (checked against the job after). */
+static int decode_info(const Omnivore__ServerInfo *s, omv_server_info_t *o, char *why)
+{
+    if (copy_str(o->endpoint, sizeof(o->endpoint), s->endpoint, "endpoint", why) < 0 ||
+        copy_str(o->public_key, sizeof(o->public_key), s->public_key, "public key", why) < 0)
+        return -EPROTO;
+    o->first_shard = s->first_shard;
+    o->last_shard = s->last_shard;
+    return 0;
+}
+
+/* The servers must hold every shard, in order, each once (checked against the job after);
+ * each backup's range is one server's. */
 static int decode_servers(const Omnivore__Welcome *w, omv_welcome_t *out, char *why)
 {
-    if (w->n_servers > OMV_WIRE_MAX_SERVERS)
-        FAIL("welcome names %zu shard servers, at most %d", w->n_servers, OMV_WIRE_MAX_SERVERS);
+    if (w->n_servers > OMV_WIRE_MAX_SERVERS || w->n_backups > OMV_WIRE_MAX_SERVERS)
+        FAIL("welcome names %zu shard servers and %zu backups, at most %d each", w->n_servers,
+             w->n_backups, OMV_WIRE_MAX_SERVERS);
     out->n_servers = (uint32_t)w->n_servers;
     out->attach_token = w->attach_token;
     for (uint32_t i = 0; i < out->n_servers; i++) {
-        const Omnivore__ServerInfo *s = w->servers[i];
         omv_server_info_t *o = &out->servers[i];
-        if (copy_str(o->endpoint, sizeof(o->endpoint), s->endpoint, "endpoint", why) < 0 ||
-            copy_str(o->public_key, sizeof(o->public_key), s->public_key, "public key", why) < 0)
+        if (decode_info(w->servers[i], o, why) < 0)
             return -EPROTO;
-        o->first_shard = s->first_shard;
-        o->last_shard = s->last_shard;
         uint32_t expect = i == 0 ? 0 : out->servers[i - 1].last_shard;
         if (o->first_shard != expect || o->last_shard <= o->first_shard ||
             o->last_shard > OMV_WIRE_MAX_SHARDS)
             FAIL("shard server %u holds shards [%u, %u): not the next ones after %u", i,
                  o->first_shard, o->last_shard, expect);
+    }
+    out->n_backups = (uint32_t)w->n_backups;
+    for (uint32_t i = 0; i < out->n_backups; i++) {
+        omv_server_info_t *o = &out->backups[i];
+        if (decode_info(w->backups[i], o, why) < 0)
+            return -EPROTO;
+        int found = 0;
+        for (uint32_t k = 0; k < out->n_servers; k++)
+            found |= out->servers[k].first_shard == o->first_shard &&
+                     out->servers[k].last_shard == o->last_shard;
+        if (!found)
+            FAIL("backup %u holds shards [%u, %u): no shard server's range", i, o->first_shard,
+                 o->last_shard);
     }
     return 0;
 }
@@ -536,6 +568,8 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->momentum = s->momentum;
     m->weight_decay = s->weight_decay;
     m->no_ranges = s->no_ranges;
+    m->backup = s->backup;
+    m->failover = s->failover;
     if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0)
         return -EPROTO;
     return copy_str(m->key, sizeof(m->key), s->key, "key", why);

@@ -134,6 +134,9 @@ typedef struct {
     omv_server_info_t servers[OMV_WIRE_MAX_SERVERS];
     uint32_t n_servers; /* 0: the daemon holds the model */
     uint64_t attach_token;
+    /* Backups of servers' ranges (each range one of the servers'): pushed to as well. */
+    omv_server_info_t backups[OMV_WIRE_MAX_SERVERS];
+    uint32_t n_backups;
 } omv_welcome_t;
 
 typedef struct {
@@ -198,6 +201,8 @@ typedef struct {
     uint32_t reconfig; /* RESUME: OMV_SERVER_RECONFIG_* (payload: each slot's group) */
     float learning_rate, momentum, weight_decay;
     int no_ranges; /* CUT: answer GATHERED without the range */
+    int backup;    /* ASSIGN: hold the range as its backup */
+    int failover;  /* FREEZE, CUT: a failover's cut, at the steps applied */
 } omv_server_msg_t;
 
 typedef struct {

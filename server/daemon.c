@@ -385,6 +385,8 @@ static int turn(omv_daemon_t *d, int64_t wait)
         if (d->run)
             omv_run_progress(d->run);
     }
+    if (r > 0 && d->shard_role)
+        omv_part_poll(d); /* a backup's orders that waited for a cut's steps */
     if (r > 0)
         omv_control_serve(d->control, fds, local >= 0 ? local : nfds, omv_commands_dispatch, d);
     if (r > 0 && local >= 0 && (fds[local].revents & POLLIN))

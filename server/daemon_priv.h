@@ -28,6 +28,14 @@ typedef struct {
 
 #define OMV_DAEMON_MAX_PENDING 8
 
+/* A coordinator's order a backup keeps for later (part.c). */
+#define OMV_PART_DEFER_MAX 64
+typedef struct {
+    omv_server_msg_t msg;
+    void *payload;
+    size_t bytes;
+} omv_part_deferred_t;
+
 struct omv_daemon {
     omv_daemon_config_t cfg;
     omv_router_t *router;
@@ -54,6 +62,7 @@ struct omv_daemon {
     omv_local_t local; /* shared memory for the trainers on this host */
 
     omv_servers_t servers; /* a coordinator's shard servers */
+    int load_degraded;     /* the next run loaded is one made again after a failover */
 
     /* A shard server (role shard): its link to the coordinator. */
     int shard_role;
@@ -62,5 +71,13 @@ struct omv_daemon {
     char advertise[256]; /* where its workers connect */
     char public_key[41]; /* its CURVE public key ("": none) */
     char coordinator_key[OMV_JOB_PATH_MAX + 256];
+    /* A backup's part: its refusals (not answered), and the coordinator's orders that wait for
+     * a cut's steps (omv_part_poll). */
+    omv_refusals_t backup_refusals;
+    int defer_on;
+    uint64_t defer_clocks[OMV_WIRE_MAX_CLOCKS];
+    uint32_t defer_n_groups;
+    omv_part_deferred_t deferred[OMV_PART_DEFER_MAX];
+    uint32_t n_deferred;
     char secret_key_path[OMV_JOB_PATH_MAX + 256];
 };

@@ -105,17 +105,15 @@ static void lose_server(omv_daemon_t *d, omv_server_t *s)
     s->run_id = 0;
 }
 
-/* A server that registers at the endpoint of one holding a part of a run, as another process
- * or over another connection, restarted (systemd's Restart=): the part it held is gone. */
+/* A server that registers at the endpoint of one holding a part of a run restarted (systemd's
+ * Restart=) or dropped its part: the part it held is gone. */
 static void server_restarted(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t *h)
 {
     for (uint32_t i = 0; i < d->servers.n; i++) {
         omv_server_t *s = &d->servers.rec[i];
         if (!s->used || !s->alive || s->run_id == 0 || strcmp(s->endpoint, h->endpoint) != 0)
             continue;
-        if (s->pid == h->pid && s->peer.len == peer->len &&
-            memcmp(s->peer.id, peer->id, peer->len) == 0)
-            continue; /* the same process saying hello again */
+        /* A server says hello only while it holds nothing. */
         omv_log_warn("shard server %u (%s) registers again as pid %u (was %u): the part it held "
                      "is gone",
                      i + 1, s->endpoint, h->pid, s->pid);

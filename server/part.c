@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -61,6 +62,9 @@ int omv_part_setup(omv_daemon_t *d)
         return -EINVAL;
     }
     omv_strlcpy(d->advertise, adv, sizeof(d->advertise));
+    /* A backup's refusals are its primary's to answer; they are counted all the same. */
+    omv_refusals_init(&d->backup_refusals, d->router);
+    d->backup_refusals.quiet = 1;
     omv_upstream_curve_t c;
     char server[OMV_CERT_KEY_LEN + 1], pub[OMV_CERT_KEY_LEN + 1], sec[OMV_CERT_KEY_LEN + 1];
     int curve = d->curve || strncmp(cfg->coordinator, "tcp://", 6) == 0;
@@ -109,6 +113,10 @@ static void drop_part(omv_daemon_t *d, const char *why)
     omv_run_destroy(&d->run);
     for (uint32_t i = 0; i < d->members->n; i++)
         d->members->records[i].state = MEMBER_DONE;
+    for (uint32_t i = 0; i < d->n_deferred; i++)
+        free(d->deferred[i].payload);
+    d->n_deferred = 0;
+    d->defer_on = 0;
 }
 
 void omv_part_cron(omv_daemon_t *d)
@@ -166,10 +174,10 @@ static void on_assign(omv_daemon_t *d, const omv_server_msg_t *a, const void *pa
     }
     job.name[sizeof(job.name) - 1] = '\0';
     job.model_text[sizeof(job.model_text) - 1] = '\0';
-    omv_run_part_t part = {d->server_id, a->first_shard, a->last_shard, a->train_count};
+    omv_run_part_t part = {d->server_id, a->first_shard, a->last_shard, a->train_count, a->backup};
     omv_run_env_t env = {.router = d->router,
                          .members = d->members,
-                         .refusals = &d->refusals,
+                         .refusals = a->backup ? &d->backup_refusals : &d->refusals, /* above */
                          .state_dir = d->cfg.state_dir,
                          .checkpoint_root = d->cfg.checkpoint_root,
                          .part = &part};
@@ -211,8 +219,46 @@ static void on_member(omv_daemon_t *d, const omv_server_msg_t *u)
     }
 }
 
+/* A backup at a cut: what the coordinator says next waits for the cut's steps. */
+static void backup_cut(omv_daemon_t *d, const omv_server_msg_t *u)
+{
+    d->defer_on = 1;
+    d->defer_n_groups = u->n_groups < OMV_WIRE_MAX_CLOCKS ? u->n_groups : OMV_WIRE_MAX_CLOCKS;
+    memcpy(d->defer_clocks, u->clocks, d->defer_n_groups * sizeof(uint64_t));
+    omv_part_poll(d);
+}
+
+/* A backup keeps up with its primary from the workers' pushes alone, which may come later than
+ * the coordinator's orders: what the coordinator says at a cut (a newcomer, a change) waits
+ * until the backup has the cut's steps too. */
+static int backup_defers(omv_daemon_t *d, const omv_server_msg_t *u, const void *payload,
+                         size_t bytes)
+{
+    if (d->run == NULL || !d->run->part.backup || !d->defer_on)
+        return 0;
+    if (u->op == OMV_SERVER_MEMBER && u->state != OMV_SERVER_MEMBER_ALIVE)
+        return 0; /* a death may be what the cut's steps wait for */
+    if (u->op != OMV_SERVER_MEMBER && u->op != OMV_SERVER_RESUME && u->op != OMV_SERVER_CUT)
+        return 0;
+    void *copy = bytes ? malloc(bytes) : NULL;
+    if (d->n_deferred == OMV_PART_DEFER_MAX || (bytes && copy == NULL)) {
+        free(copy);
+        omv_log_error("backup of shards [%u, %u): more orders wait for the cut than it keeps; "
+                      "it no longer follows its primary",
+                      d->run->part.first, d->run->part.last);
+        return 1;
+    }
+    if (bytes)
+        memcpy(copy, payload, bytes);
+    d->deferred[d->n_deferred++] = (omv_part_deferred_t){*u, copy, bytes};
+    return 1;
+}
+
 static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *payload, size_t bytes)
 {
+    if (backup_defers(d, u, payload, bytes))
+        return;
+    int backup = d->run && d->run->part.backup;
     switch (u->op) {
     case OMV_SERVER_ASSIGN:
         on_assign(d, u, payload, bytes);
@@ -225,18 +271,22 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
             omv_run_part_start(d->run);
         break;
     case OMV_SERVER_GATHER:
-        if (d->run)
+        if (d->run && !backup)
             omv_run_part_gather(d->run, u->gather_id, u->final);
         break;
     case OMV_SERVER_END:
         drop_part(d, "the job is over");
         break;
     case OMV_SERVER_FREEZE:
-        if (d->run)
+        if (d->run && !backup)
             omv_run_part_freeze(d->run, u->gather_id);
         break;
     case OMV_SERVER_CUT:
-        if (d->run)
+        if (d->run && u->failover)
+            omv_run_part_failover_cut(d->run, u->gather_id, u->clocks, u->n_groups);
+        else if (d->run && backup)
+            backup_cut(d, u);
+        else if (d->run)
             omv_run_part_cut(d->run, u->gather_id, u->clocks, u->n_groups, u->no_ranges);
         break;
     case OMV_SERVER_RESUME:
@@ -246,6 +296,29 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
     default:
         omv_log_warn("ignoring %s from the coordinator", omv_server_op_name(u->op));
     }
+}
+
+void omv_part_poll(omv_daemon_t *d)
+{
+    if (d->run && d->run->backup_broken) {
+        /* The coordinator takes a server that registers again for gone, and fails over. */
+        drop_part(d, "this backup can no longer follow its primary");
+        d->server_id = 0;
+        return;
+    }
+    if (!d->defer_on || d->run == NULL ||
+        !omv_run_part_caught_up(d->run, d->defer_clocks, d->defer_n_groups))
+        return;
+    /* The cut's steps are in: what waited for them, in order, up to the next cut. */
+    d->defer_on = 0;
+    uint32_t i = 0;
+    while (i < d->n_deferred && !d->defer_on) {
+        omv_part_deferred_t *q = &d->deferred[i++];
+        on_server(d, &q->msg, q->payload, q->bytes);
+        free(q->payload);
+    }
+    memmove(d->deferred, d->deferred + i, (d->n_deferred - i) * sizeof(d->deferred[0]));
+    d->n_deferred -= i;
 }
 
 static void on_up_message(omv_daemon_t *d, const omv_msg_t *m)

@@ -15,3 +15,5 @@ void omv_part_drain(omv_daemon_t *d);
 void omv_part_cron(omv_daemon_t *d);
 /* A worker attaches: the coordinator must have told us of it, with this token (and key). */
 void omv_part_attach(omv_daemon_t *d, const omv_peer_t *peer, const omv_attach_t *a);
+/* A backup whose coordinator's orders wait for a cut's steps: gives them once it has them. */
+void omv_part_poll(omv_daemon_t *d);

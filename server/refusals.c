@@ -30,6 +30,8 @@ void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t
         omv_log_warn("refused %s from %s: %s%s", omv_refuse_name(code), who, reason,
                      n == REFUSALS_LOGGED ? " (further refusals of this kind are only counted)"
                                           : "");
+    if (self->quiet)
+        return;
     omv_msg_t e;
     omv_wire_error(&e, code, "%s", reason);
     /* A peer that floods without reading fills its queue (OMV_ROUTER_HWM): its answers are then

@@ -11,6 +11,7 @@ typedef struct {
     omv_router_t *router;               /* borrowed: where the answers go */
     uint64_t counts[OMV_REFUSE_COUNT_]; /* by reason */
     uint64_t unanswered;                /* answers dropped: the peer was gone or not reading */
+    int quiet; /* logged and counted, not answered (a backup's: its primary answers) */
 } omv_refusals_t;
 
 /* Starts counting from zero; answers go out through router (borrowed). */

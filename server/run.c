@@ -23,6 +23,8 @@ static void record_early(omv_run_t *r);
 static void cut_checkpoint(omv_run_t *r);
 static void part_cut_check(omv_run_t *r);
 static void admit_joins(omv_run_t *r);
+static void failover_done(omv_run_t *r);
+static void failover_settle(omv_run_t *r);
 
 /* A coordinator whose job's model is on shard servers. */
 static int remote(const omv_run_t *r)
@@ -488,11 +490,11 @@ static void cut_resume(omv_run_t *r)
     }
     /* A probe's steps are not training's: the servers count them as this daemon does. */
     u->reconfig |= omv_tuner_probing(r->tuner) ? OMV_SERVER_RECONFIG_PROBING : 0;
-    for (uint32_t i = 0; i < r->n_servers; i++) {
-        omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
+    for (uint32_t i = 0; i < r->env.servers->n; i++) {
+        omv_server_t *s = &r->env.servers->rec[i];
         if (s->alive && s->run_id == r->id &&
             omv_servers_send(r->env.servers, r->env.router, s, &msg, group_of) < 0)
-            omv_log_warn("cannot send resume to shard server %u", r->server_ids[i]);
+            omv_log_warn("cannot send resume to shard server %u", i + 1);
     }
     free(group_of);
 }
@@ -506,7 +508,8 @@ static void cut_resume(omv_run_t *r)
 static void cut_checkpoint(omv_run_t *r)
 {
     int ckpt = r->ckpt.due && r->ckpt.enabled && !omv_tuner_probing(r->tuner);
-    if ((!ckpt && r->joins_pending == 0 && !r->reconfig.pending) || r->state != JOB_RUNNING)
+    if ((!ckpt && r->joins_pending == 0 && !r->reconfig.pending && !r->failover) ||
+        r->state != JOB_RUNNING)
         return;
     if (r->cut_phase == 0 && (!ckpt || fetch_buffers(r) == 0)) {
         r->cut_phase = 1;
@@ -520,6 +523,10 @@ static void cut_checkpoint(omv_run_t *r)
     }
     if (r->cut_phase != 3 || !cut_caught_up(r))
         return;
+    if (r->failover) {
+        failover_done(r);
+        return;
+    }
     if (r->cut_ranges && r->ckpt.due && r->ckpt.enabled)
         write_checkpoint(r); /* from the cut's model (phase 3) */
     admit_joins(r);
@@ -813,8 +820,10 @@ static void send_params(omv_run_t *r, member_t *m)
  * waits for a step boundary, nor when the bound or a joining member says wait. */
 static void serve_early(omv_run_t *r, uint32_t group, uint32_t s)
 {
-    /* Once the job has its images no step begins: the one that reached them was the last. */
-    if (r->state != JOB_RUNNING || r->reconfig.pending || r->images_total >= r->target_images)
+    /* Once the job has its images no step begins: the one that reached them was the last. A
+     * backup serves nothing. */
+    if (r->part.backup || r->state != JOB_RUNNING || r->reconfig.pending ||
+        r->images_total >= r->target_images)
         return;
     uint64_t next = omv_groups_clock(r->groups, group) + 1;
     if (!omv_groups_may_read_next(r->groups, group, next) ||
@@ -833,7 +842,7 @@ static void serve_early(omv_run_t *r, uint32_t group, uint32_t s)
  * that began their step may finish it; the others wait for the change. */
 static void serve_parked(omv_run_t *r)
 {
-    if (remote(r) || r->images_total >= r->target_images)
+    if (remote(r) || r->part.backup || r->images_total >= r->target_images)
         return; /* the job's end: no step begins */
     int holding = r->reconfig.pending && !try_reconfig(r);
     for (uint32_t i = 0; i < r->env.members->n; i++) {
@@ -853,10 +862,11 @@ static void serve_parked(omv_run_t *r)
 
 void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
 {
-    if (m->role != OMV_ROLE_TRAINER || remote(r)) {
+    if (m->role != OMV_ROLE_TRAINER || remote(r) || r->part.backup) {
         omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_ROLE, m->host,
-                         remote(r) ? "the model is on the shard servers: pull from them"
-                                   : "an evaluator does not pull");
+                         remote(r)        ? "the model is on the shard servers: pull from them"
+                         : r->part.backup ? "a backup serves no pulls: pull from the primary"
+                                          : "an evaluator does not pull");
         return;
     }
     int g = omv_groups_of(r->groups, m->slot);
@@ -964,14 +974,88 @@ static void count_step(omv_run_t *r, member_t *m, uint32_t group, const omv_push
     omv_timeline_loss(&r->timeline, p->loss);
 }
 
+/* Takes a push whose payload is in *held (NULL: the router's last message). */
+static void push_with(omv_run_t *r, member_t *m, const omv_push_t *p, omv_payload_t *held);
+
+/* A backup takes its pushes from the workers, as its primary does, but it may see a worker's
+ * push for the next step before another's for this one (they come over different links): such
+ * a push, and every later one of the same worker, waits for its step. Returns whether it was
+ * kept. */
+static int backup_hold(omv_run_t *r, member_t *m, const omv_push_t *p)
+{
+    int g = omv_groups_of(r->groups, m->slot);
+    uint32_t id = omv_members_id(r->env.members, m);
+    int behind = 0;
+    for (uint32_t i = 0; i < r->n_held && !behind; i++)
+        behind = r->held[i].worker_id == id;
+    if (!behind && r->state != JOB_WAITING &&
+        (g < 0 || p->step <= omv_groups_clock(r->groups, (uint32_t)g)))
+        return 0;
+    if (r->held == NULL)
+        r->held = calloc(OMV_RUN_HELD_MAX, sizeof(omv_run_held_t));
+    if (r->held == NULL || r->n_held == OMV_RUN_HELD_MAX) {
+        if (!r->backup_broken)
+            omv_log_error("backup of shards [%u, %u): %u pushes wait for their steps, the most "
+                          "it keeps: it no longer follows its primary",
+                          r->part.first, r->part.last, r->n_held);
+        r->backup_broken = 1;
+        return 1;
+    }
+    omv_run_held_t *h = &r->held[r->n_held++];
+    h->worker_id = id;
+    h->push = *p;
+    omv_router_take_payload(r->env.router, &h->payload);
+    return 1;
+}
+
+/* The held pushes whose steps have come, in the order they came. */
+static void backup_release(omv_run_t *r)
+{
+    uint32_t blocked[OMV_RUN_HELD_MAX], n_blocked = 0, kept = 0;
+    for (uint32_t i = 0; i < r->n_held; i++) {
+        omv_run_held_t h = r->held[i];
+        member_t *m = omv_members_get(r->env.members, h.worker_id);
+        int g = m && m->state == MEMBER_ALIVE ? omv_groups_of(r->groups, m->slot) : -1;
+        int wait = 0;
+        for (uint32_t k = 0; k < n_blocked && !wait; k++)
+            wait = blocked[k] == h.worker_id;
+        if (!wait && g >= 0 &&
+            (r->state == JOB_WAITING || h.push.step > omv_groups_clock(r->groups, (uint32_t)g)))
+            wait = 1;
+        if (g < 0) {
+            omv_payload_close(&h.payload); /* gone meanwhile */
+        } else if (wait) {
+            blocked[n_blocked++] = h.worker_id;
+            r->held[kept++] = h;
+        } else {
+            push_with(r, m, &h.push, &h.payload);
+        }
+    }
+    r->n_held = kept;
+}
+
 void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
+{
+    if (r->part.backup && backup_hold(r, m, p))
+        return;
+    push_with(r, m, p, NULL);
+}
+
+static void push_with(omv_run_t *r, member_t *m, const omv_push_t *p, omv_payload_t *held)
 {
     char who[96];
     snprintf(who, sizeof(who), "worker %u \"%s\"", omv_members_id(r->env.members, m), m->host);
-    if (!push_fits(r, m, p, who))
+    if (!push_fits(r, m, p, who)) {
+        if (held)
+            omv_payload_close(held);
         return;
+    }
     uint32_t group = (uint32_t)omv_groups_of(r->groups, m->slot);
     m->last_push_ms = omv_time_ms();
+    /* A backup serves nothing: the step's batch and weight are fixed by its first push, as
+     * its primary fixed them when it sent the step (the same members, the same split). */
+    if (r->part.backup && (!m->served || m->served_step != p->step))
+        begin_serve(r, m, group, p->step);
     if (p->wire != OMV_WIRE_SHM)
         r->bytes_in_total += (uint64_t)p->count * (p->wire == OMV_WIRE_BF16 ? 2u : 4u);
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
@@ -979,6 +1063,8 @@ void omv_run_push(omv_run_t *r, member_t *m, const omv_push_t *p)
     omv_payload_t payload, *pl = &payload;
     if (p->wire == OMV_WIRE_SHM)
         pl = NULL; /* the values are in its segment */
+    else if (held)
+        pl = held;
     else
         omv_router_take_payload(r->env.router, &payload);
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_PUSH,
@@ -1129,6 +1215,8 @@ static void progress_running(omv_run_t *r)
 
 void omv_run_progress(omv_run_t *r)
 {
+    if (r->n_held > 0)
+        backup_release(r);
     if (r->is_part)
         part_cut_check(r);
     if (r->state == JOB_RUNNING)
@@ -1244,6 +1332,17 @@ static void offer_servers(omv_run_t *r, member_t *m, omv_welcome_t *w)
     for (uint32_t i = 0; i < r->n_servers; i++) {
         const omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
         omv_server_info_t *o = &w->servers[i];
+        omv_strlcpy(o->endpoint, s->endpoint, sizeof(o->endpoint));
+        omv_strlcpy(o->public_key, s->public_key, sizeof(o->public_key));
+        o->first_shard = s->first;
+        o->last_shard = s->last;
+    }
+    w->n_backups = 0;
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        if (r->backup_ids[i] == 0)
+            continue;
+        const omv_server_t *s = &r->env.servers->rec[r->backup_ids[i] - 1];
+        omv_server_info_t *o = &w->backups[w->n_backups++];
         omv_strlcpy(o->endpoint, s->endpoint, sizeof(o->endpoint));
         omv_strlcpy(o->public_key, s->public_key, sizeof(o->public_key));
         o->first_shard = s->first;
@@ -1387,6 +1486,7 @@ void omv_run_cron(omv_run_t *r)
     omv_timeline_now_t now = timeline_now(r);
     omv_timeline_tick(&r->timeline, &now);
     tuner_poll(r);
+    failover_settle(r);
 }
 
 /* ---- making and freeing ---- */
@@ -1681,6 +1781,11 @@ omv_run_t *omv_run_new(const omv_run_env_t *env, const omv_job_t *job, const cha
     e = setup_checkpoints(r);
     if (e < 0)
         goto fail;
+    if (remote(r) && r->job.replicas > 1) {
+        /* After a failover: the backups the servers left can give. */
+        uint32_t n = (uint32_t)r->job.servers, free = omv_servers_free(r->env.servers);
+        r->backups_wanted = !env->degraded ? n : free > n ? (free - n < n ? free - n : n) : 0;
+    }
     omv_log_info("job %llu '%s' loaded from %s; %u of %u shards have a thread",
                  (unsigned long long)id, r->job.name, path, r->shards->threaded,
                  r->shards->n_shards);
@@ -1705,6 +1810,9 @@ void omv_run_destroy(omv_run_t **self_p)
             tell_servers(r, OMV_SERVER_END);
         omv_servers_release(r->env.servers, r->id);
     }
+    for (uint32_t i = 0; i < r->n_held; i++)
+        omv_payload_close(&r->held[i].payload);
+    free(r->held);
     free(r->fetch_params);
     free(r->fetch_velocity);
     free(r->fetch_second);
@@ -1735,7 +1843,35 @@ void omv_run_drain_shards(omv_run_t *r)
 
 int omv_run_wants_servers(const omv_run_t *r)
 {
-    return remote(r) && r->n_servers < (uint32_t)r->job.servers;
+    return remote(r) &&
+           (r->n_servers < (uint32_t)r->job.servers || r->n_backups < r->backups_wanted);
+}
+
+/* [cluster] replicas = 2: backup i holds server i's range, on another host where it can. */
+static void assign_backups(omv_run_t *r)
+{
+    uint32_t ids[OMV_WIRE_MAX_SERVERS], n = r->n_backups;
+    memcpy(ids, r->backup_ids, sizeof(ids));
+    memset(r->backup_ids, 0, sizeof(r->backup_ids));
+    for (uint32_t i = 0; i < n; i++) {
+        const omv_server_t *p = &r->env.servers->rec[r->server_ids[i] - 1];
+        uint32_t pick = n;
+        for (uint32_t k = 0; k < n && pick == n; k++)
+            if (ids[k] && strcmp(r->env.servers->rec[ids[k] - 1].host, p->host) != 0)
+                pick = k;
+        for (uint32_t k = 0; k < n && pick == n; k++)
+            if (ids[k])
+                pick = k;
+        omv_server_t *b = &r->env.servers->rec[ids[pick] - 1];
+        if (strcmp(b->host, p->host) == 0)
+            omv_log_warn("job '%s': the backup of shards [%u, %u) is on the primary's host %s",
+                         r->job.name, p->first, p->last, p->host);
+        b->first = p->first;
+        b->last = p->last;
+        b->backup = 1;
+        r->backup_ids[i] = ids[pick];
+        ids[pick] = 0;
+    }
 }
 
 /* Spreads the shards over the servers in order, each about the same bytes (at least a shard
@@ -1801,6 +1937,7 @@ static int send_assign(omv_run_t *r, omv_server_t *s)
     u->steps = r->steps_total;
     u->adam_steps = r->shards->gather_steps[0];
     u->gather_id = r->id;
+    u->backup = s->backup;
     u->count = (uint32_t)(job_words + words);
     int e = omv_servers_send(r->env.servers, r->env.router, s, &msg, buf);
     free(buf);
@@ -1812,22 +1949,30 @@ int omv_run_add_server(omv_run_t *r, omv_server_t *s)
     if (!omv_run_wants_servers(r) || s->run_id != 0)
         return 0;
     s->run_id = r->id;
-    r->server_ids[r->n_servers++] = omv_servers_id(r->env.servers, s);
-    omv_log_info("job '%s': shard server %u (%s at %s) taken, %u of %lld", r->job.name,
-                 omv_servers_id(r->env.servers, s), s->host, s->endpoint, r->n_servers,
-                 (long long)r->job.servers);
+    s->backup = 0;
+    uint32_t id = omv_servers_id(r->env.servers, s);
     if (r->n_servers < (uint32_t)r->job.servers)
+        r->server_ids[r->n_servers++] = id;
+    else
+        r->backup_ids[r->n_backups++] = id;
+    omv_log_info("job '%s': shard server %u (%s at %s) taken, %u of %lld%s", r->job.name, id,
+                 s->host, s->endpoint, r->n_servers + r->n_backups,
+                 (long long)r->job.servers + r->backups_wanted,
+                 r->n_servers + r->n_backups > (uint32_t)r->job.servers ? " (a backup)" : "");
+    if (omv_run_wants_servers(r))
         return 0;
     assign_ranges(r);
+    assign_backups(r);
     if (omv_shardset_gather(r->shards, 1) < 0) {
         omv_run_finish(r, JOB_FAILED, "cannot gather the model to send it to the shard servers");
         return 0;
     }
-    for (uint32_t i = 0; i < r->n_servers; i++) {
-        omv_server_t *o = &r->env.servers->rec[r->server_ids[i] - 1];
-        omv_log_info("shard server %u (%s): shards [%u, %u), parameters [%u, %u)", r->server_ids[i],
+    for (uint32_t i = 0; i < r->n_servers + r->n_backups; i++) {
+        uint32_t sid = i < r->n_servers ? r->server_ids[i] : r->backup_ids[i - r->n_servers];
+        omv_server_t *o = &r->env.servers->rec[sid - 1];
+        omv_log_info("shard server %u (%s): shards [%u, %u), parameters [%u, %u)%s", sid,
                      o->endpoint, o->first, o->last, r->shards->offsets[o->first],
-                     r->shards->offsets[o->last]);
+                     r->shards->offsets[o->last], o->backup ? ", as their backup" : "");
         if (send_assign(r, o) < 0) {
             omv_run_finish(r, JOB_FAILED, "cannot send the job to a shard server");
             return 0;
@@ -1980,11 +2125,123 @@ void omv_run_frozen(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *f)
             r->cut_clocks[g] = f->clocks[g];
     if (--r->cut_left > 0)
         return;
-    /* The most steps any server saw begun: each finishes those, and sends its range. */
+    /* The most steps any server saw begun (in a failover: applied): each finishes those, and
+     * sends its range. */
     r->cut_phase = 2;
     r->fetch_left = r->n_servers;
     r->fetch_final = 0;
     send_cut_op(r, OMV_SERVER_CUT);
+}
+
+/* A failover's CUT, to each range's holder (its primary, or its backup). */
+static void send_failover_op(omv_run_t *r, omv_server_op_t op)
+{
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        omv_server_t *s = &r->env.servers->rec[r->holder_ids[i] - 1];
+        omv_msg_t msg = {.type = OMV_MSG_SERVER};
+        omv_server_msg_t *u = &msg.u.server;
+        u->op = op;
+        u->gather_id = r->cut_id;
+        u->failover = 1;
+        u->first_shard = s->first;
+        u->last_shard = s->last;
+        if (op == OMV_SERVER_CUT) {
+            u->n_groups = omv_groups_count(r->groups);
+            for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
+                u->clocks[g] = r->cut_clocks[g];
+        }
+        if (omv_servers_send(r->env.servers, r->env.router, s, &msg, NULL) < 0)
+            omv_log_warn("cannot send %s to shard server %u", omv_server_op_name(op),
+                         r->holder_ids[i]);
+    }
+}
+
+/* A server of the run is gone and every range is still held (by its primary or its backup):
+ * once the steps under way have settled (failover_settle), the holders are cut at the steps
+ * every member reported (a begun step whose parameters the gone server never sent can never
+ * end), and once the cut is in it is written as a checkpoint and the run is made again from it
+ * over the servers left (failover_done). Returns whether the failover began. */
+static int start_failover(omv_run_t *r)
+{
+    if (!r->ckpt.enabled || r->state != JOB_RUNNING || omv_tuner_probing(r->tuner))
+        return 0; /* nowhere to write it, or the servers hold a probe's model */
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        const omv_server_t *p = &r->env.servers->rec[r->server_ids[i] - 1];
+        const omv_server_t *b =
+            r->backup_ids[i] ? &r->env.servers->rec[r->backup_ids[i] - 1] : NULL;
+        r->holder_ids[i] = p->alive ? r->server_ids[i] : b && b->alive ? r->backup_ids[i] : 0;
+        if (r->holder_ids[i] == 0 || fetch_buffers(r) < 0)
+            return 0;
+    }
+    /* Only a backup is gone: every primary can finish its begun steps, as at any cut. */
+    int primaries = 1;
+    for (uint32_t i = 0; i < r->n_servers; i++)
+        primaries &= r->holder_ids[i] == r->server_ids[i];
+    r->failover = primaries ? 2 : 1;
+    r->failover_ms = r->failover_quiet_ms = omv_time_ms();
+    r->failover_sig = UINT64_MAX;
+    r->env.servers->failovers_total++;
+    r->cut_phase = 1;
+    r->cut_ranges = 1;
+    r->cut_id = ++r->fetch_id;
+    r->cut_left = r->n_servers;
+    r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */
+    memset(r->cut_clocks, 0, r->max_groups * sizeof(uint64_t));
+    for (uint32_t i = 0; i < r->n_servers; i++)
+        if (r->holder_ids[i] != r->server_ids[i])
+            omv_log_warn("job '%s': shards [%u, %u) go on from their backup, shard server %u",
+                         r->job.name, r->env.servers->rec[r->holder_ids[i] - 1].first,
+                         r->env.servers->rec[r->holder_ids[i] - 1].last, r->holder_ids[i]);
+    if (primaries)
+        send_cut_op(r, OMV_SERVER_FREEZE);
+    return 1;
+}
+
+/* How long the reports must stand still before a failover's cut: every step that can still end
+ * (its parameters all sent before the server went) has ended by then. */
+#define FAILOVER_SETTLE_MS 500
+
+/* A failover waits for the reports to stand still; then the holders cut at the clocks. */
+static void failover_settle(omv_run_t *r)
+{
+    if (r->failover != 1 || r->cut_phase != 1)
+        return;
+    uint64_t sig = r->pushes_recorded_total;
+    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
+        sig = sig * 31 + omv_groups_clock(r->groups, g);
+    int64_t now = omv_time_ms();
+    if (sig != r->failover_sig) {
+        r->failover_sig = sig;
+        r->failover_quiet_ms = now;
+        return;
+    }
+    if (now - r->failover_quiet_ms < FAILOVER_SETTLE_MS)
+        return;
+    for (uint32_t g = 0; g < r->max_groups; g++)
+        r->cut_clocks[g] = g < omv_groups_count(r->groups) ? omv_groups_clock(r->groups, g) : 0;
+    r->cut_phase = 2;
+    r->fetch_left = r->n_servers;
+    r->fetch_final = 0;
+    send_failover_op(r, OMV_SERVER_CUT);
+}
+
+/* The failover's cut is in: a checkpoint of it, and the run made again from it. */
+static void failover_done(omv_run_t *r)
+{
+    r->ckpt_forced = 1;
+    int e = write_checkpoint(r);
+    r->cut_phase = 0;
+    uint64_t steps = 0;
+    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
+        steps = r->cut_clocks[g] > steps ? r->cut_clocks[g] : steps;
+    snprintf(r->rewind_reason, sizeof(r->rewind_reason),
+             "failover: the ranges' holders were cut at step %llu in %lld ms%s",
+             (unsigned long long)steps, (long long)(omv_time_ms() - r->failover_ms),
+             e < 0 ? "; its checkpoint failed: the last one is used" : "");
+    omv_log_warn("job '%s': %s; it goes on from there over the servers left", r->job.name,
+                 r->rewind_reason);
+    r->rewind = 1;
+    r->rewind_degraded = 1;
 }
 
 void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
@@ -1992,9 +2249,18 @@ void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
     if (!remote(r) || s->run_id != r->id || OMV_JOB_OVER(r->state) || r->rewind)
         return;
     char why[256];
-    int n = snprintf(why, sizeof(why),
-                     "shard server %u (%s) is gone with shards [%u, %u), which have no replica",
-                     omv_servers_id(r->env.servers, s), s->endpoint, s->first, s->last);
+    int n = snprintf(why, sizeof(why), "shard server %u (%s) is gone with shards [%u, %u)%s",
+                     omv_servers_id(r->env.servers, s), s->endpoint, s->first, s->last,
+                     s->backup ? " (their backup)" : "");
+    if (r->job.replicas > 1 && !r->failover) {
+        omv_log_warn("job '%s': %s", r->job.name, why);
+        if (start_failover(r))
+            return;
+    }
+    /* No failover (or a holder of it is gone too): back to the last checkpoint. */
+    r->failover = 0;
+    r->cut_phase = 0;
+    n += snprintf(why + n, sizeof(why) - (size_t)n, ", which have no replica left");
     if (!r->ckpt.enabled || !r->job.checkpoint_resume ||
         (r->job.checkpoint_every_s <= 0 && r->job.checkpoint_every_steps <= 0)) {
         snprintf(why + n, sizeof(why) - (size_t)n,
@@ -2005,7 +2271,7 @@ void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
     /* The daemon makes the run again from its last checkpoint (a cut of every server's range),
      * which waits for as many servers as before: the one that comes back, or another. */
     omv_log_warn("job '%s': %s; it goes back to its last checkpoint and waits for %lld servers",
-                 r->job.name, why, (long long)r->job.servers);
+                 r->job.name, why, (long long)(r->job.servers * r->job.replicas));
     omv_strlcpy(r->rewind_reason, why, sizeof(r->rewind_reason));
     r->rewind = 1;
 }
@@ -2139,16 +2405,35 @@ void omv_run_part_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_
     part_cut_check(r);
 }
 
+void omv_run_part_failover_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n)
+{
+    r->frozen = 1;
+    r->freeze_id = id;
+    r->cut_set = 1;
+    r->cut_sent = 0;
+    r->cut_no_ranges = 0;
+    for (uint32_t g = 0; g < r->max_groups; g++)
+        r->cut_clocks[g] = g < n ? clocks[g] : 0;
+    omv_log_warn("failover: cutting shards [%u, %u) at the steps every member reported%s",
+                 r->part.first, r->part.last,
+                 r->part.backup ? " (this backup holds them now)" : "");
+    part_cut_check(r);
+}
+
+int omv_run_part_caught_up(const omv_run_t *r, const uint64_t *clocks, uint32_t n)
+{
+    for (uint32_t g = 0; r->state < JOB_FINISHING && g < n && g < omv_groups_count(r->groups); g++)
+        if (omv_groups_live(r->groups, g) > 0 && omv_groups_clock(r->groups, g) < clocks[g])
+            return 0;
+    return omv_groups_settled(r->groups);
+}
+
 /* A cut's steps are all applied here (or the job's end came first): the range goes to the
  * coordinator, once. */
 static void part_cut_check(omv_run_t *r)
 {
-    if (!r->frozen || !r->cut_set || r->cut_sent)
-        return;
-    for (uint32_t g = 0; r->state < JOB_FINISHING && g < omv_groups_count(r->groups); g++)
-        if (omv_groups_live(r->groups, g) > 0 && omv_groups_clock(r->groups, g) < r->cut_clocks[g])
-            return;
-    if (!omv_groups_settled(r->groups))
+    if (!r->frozen || !r->cut_set || r->cut_sent ||
+        !omv_run_part_caught_up(r, r->cut_clocks, omv_groups_count(r->groups)))
         return;
     r->cut_sent = 1;
     if (!r->cut_no_ranges) {

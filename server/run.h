@@ -41,6 +41,7 @@ typedef struct {
     uint32_t server_id; /* its id at the coordinator */
     uint32_t first, last;
     uint32_t train_count; /* the coordinator's training images */
+    int backup;           /* the range's backup: takes pushes, serves nothing */
 } omv_run_part_t;
 
 /* What a run works with that outlives it: borrowed, from the daemon. */
@@ -53,6 +54,8 @@ typedef struct {
     int once;                    /* the workers exit when the job ends (omnivored --once) */
     omv_servers_t *servers;      /* a coordinator's shard servers (NULL: none) */
     const omv_run_part_t *part;  /* a shard server's part of the job (NULL: the whole job) */
+    int degraded; /* made again after a failover: takes the servers there are (at least its
+                   * ranges'), not waiting for backups */
 } omv_run_env_t;
 
 /* How a requested stop ends, once a checkpoint of whole steps is written (or too late). */
@@ -61,6 +64,15 @@ typedef enum {
     OMV_RUN_STOP_JOB,  /* `omnivorectl stop`: the job ends, stopped */
     OMV_RUN_STOP_EXIT, /* the daemon exits: the job goes on after a restart */
 } omv_run_stop_t;
+
+/* A backup's push that came before its step could be taken (its group had not applied the
+ * step before, which the primary had when it sent the parameters): it waits, in order. */
+typedef struct {
+    uint32_t worker_id;
+    omv_push_t push;
+    omv_payload_t payload;
+} omv_run_held_t;
+#define OMV_RUN_HELD_MAX 1024
 
 /* The fields are for reading (status, commands); the run changes them. */
 typedef struct {
@@ -121,6 +133,16 @@ typedef struct {
      * order of their shards), and a gather of the model from them under way. */
     uint32_t n_servers;
     uint32_t server_ids[OMV_WIRE_MAX_SERVERS];
+    /* [cluster] replicas = 2: each range's backup (0: none), and how many the run waits for;
+     * a failover (a server of the run is gone, every range still held somewhere) is a cut of
+     * the ranges' holders at the steps applied, written as a checkpoint the run is made again
+     * from, over the servers left. */
+    uint32_t backup_ids[OMV_WIRE_MAX_SERVERS];
+    uint32_t n_backups, backups_wanted;
+    int failover; /* 1: a primary is gone (its backup holds its range), 2: only a backup */
+    int64_t failover_ms, failover_quiet_ms;
+    uint64_t failover_sig;
+    uint32_t holder_ids[OMV_WIRE_MAX_SERVERS];
     uint64_t fetch_id;
     uint32_t fetch_left;
     int fetch_final;   /* the gather is of the final model (the job's last step is in) */
@@ -139,10 +161,13 @@ typedef struct {
     uint64_t cut_id;
     uint64_t *cut_clocks;
     int frozen, cut_set, cut_sent, cut_no_ranges; /* a shard server's side of it */
-    int part_probing; /* the coordinator's optimizer probes: steps here are not training's */
+    int part_probing;     /* the coordinator's optimizer probes: steps here are not training's */
+    omv_run_held_t *held; /* a backup's pushes waiting for their step [OMV_RUN_HELD_MAX] */
+    uint32_t n_held;
+    int backup_broken; /* more waited than it holds: it no longer follows its primary */
     /* A server of the job is gone and no replica holds its shards: the daemon makes the run
      * again from its last checkpoint (omv_schedule_poll), why says why. */
-    int rewind;
+    int rewind, rewind_degraded; /* degraded: with the servers left, not waiting for more */
     char rewind_reason[256];
     uint64_t freeze_id;
     /* How a done job ended: with an evaluation of its final model (the final request answered,
@@ -232,6 +257,11 @@ void omv_run_part_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint
                       int no_ranges);
 void omv_run_part_resume(omv_run_t *self, const omv_server_msg_t *u, const void *payload,
                          size_t bytes);
+/* A failover's cut: begin nothing more, apply the steps up to clocks[n] (every member reported
+ * them), and send the range. */
+void omv_run_part_failover_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n);
+/* Whether every live group here has applied the steps before clocks[n], none half-way. */
+int omv_run_part_caught_up(const omv_run_t *self, const uint64_t *clocks, uint32_t n);
 
 /* ---- from the loop ---- */
 

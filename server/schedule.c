@@ -16,7 +16,8 @@ int omv_schedule_load(omv_daemon_t *d, omv_queued_job_t *q, int submitted)
     omv_run_destroy(&d->run);
     omv_run_env_t env = {
         d->router,   d->members,  &d->refusals, d->cfg.state_dir, d->cfg.checkpoint_root,
-        d->cfg.once, &d->servers, NULL};
+        d->cfg.once, &d->servers, NULL,         d->load_degraded};
+    d->load_degraded = 0;
     d->run = omv_run_new(&env, q->job, q->path, q->text, q->id);
     int r = d->run ? 0 : -errno;
     /* Shard servers that registered already and hold nothing. */
@@ -101,12 +102,13 @@ static void rewind_run(omv_daemon_t *d)
     omv_strlcpy(q.sets, submitted ? d->jobs->current_sets : "", sizeof(q.sets));
     char why[OMV_WIRE_REASON_MAX];
     snprintf(why, sizeof(why),
-             "job '%s' goes back to its last checkpoint (a shard server is gone): register again",
-             run->job.name);
+             "job '%s' goes on from its %s (a shard server is gone): register again", run->job.name,
+             run->rewind_degraded ? "failover's cut" : "last checkpoint");
     omv_members_stop_all(d->members, d->router, MEMBER_ALIVE, MEMBER_DONE, why, 1);
     uint64_t id = q.id;
     char name[64];
     omv_strlcpy(name, run->job.name, sizeof(name));
+    d->load_degraded = run->rewind_degraded;
     int r = omv_schedule_load(d, &q, submitted);
     if (r < 0) {
         char fail[160];

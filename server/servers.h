@@ -19,6 +19,7 @@ typedef struct {
     int64_t joined_ms, last_seen_ms;
     uint64_t run_id;      /* the run it holds a part of (0: none) */
     uint32_t first, last; /* its shards in that run: [first, last) */
+    int backup;           /* it holds them as their backup (the primary serves them) */
     uint64_t bytes_out;   /* sent to it: assignments */
     uint64_t bytes_in;    /* from it: gathered ranges */
     uint64_t gathers;     /* ranges it sent */
@@ -33,6 +34,7 @@ typedef struct {
     omv_server_t rec[OMV_WIRE_MAX_SERVERS];
     uint32_t n; /* records used or used once */
     uint64_t registered_total, lost_total;
+    uint64_t failovers_total; /* runs that went on from their ranges' holders, nothing lost */
 } omv_servers_t;
 
 static inline uint32_t omv_servers_id(const omv_servers_t *self, const omv_server_t *s)

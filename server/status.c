@@ -174,7 +174,9 @@ static void section_refusals(const omv_daemon_t *d, omv_kv_t *kv)
         snprintf(key, sizeof(key), "refused_%s_total", omv_refuse_name((omv_refuse_t)i));
         omv_kv_int(kv, key, (int64_t)d->refusals.counts[i]);
     }
-    omv_kv_int(kv, "refused_total", (int64_t)omv_refusals_total(&d->refusals));
+    omv_kv_int(
+        kv, "refused_total",
+        (int64_t)(omv_refusals_total(&d->refusals) + omv_refusals_total(&d->backup_refusals)));
     omv_kv_int(kv, "refusals_unanswered_total", (int64_t)d->refusals.unanswered);
     omv_kv_int(kv, "handshakes_failed_total", (int64_t)omv_router_handshakes_failed(d->router));
 }
@@ -249,7 +251,7 @@ static void server_section(const omv_daemon_t *d, const omv_server_t *s, uint32_
     omv_kv_str(kv, "state", s->alive ? "alive" : "gone");
     omv_kv_str(kv, "curve", s->public_key[0] ? "yes" : "no");
     int holds = s->run_id != 0 && d->run && d->run->id == s->run_id;
-    omv_kv_str(kv, "role", holds ? "primary" : "free"); /* no replicas yet */
+    omv_kv_str(kv, "role", !holds ? "free" : s->backup ? "backup" : "primary");
     omv_kv_int(kv, "job", holds ? (int64_t)s->run_id : 0);
     omv_kv_int(kv, "first_shard", holds ? s->first : 0);
     omv_kv_int(kv, "last_shard", holds ? s->last : 0);
@@ -282,8 +284,15 @@ void omv_status_servers(const omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_kv_int(&kv, "job", d->run ? (int64_t)d->run->id : 0);
         omv_kv_int(&kv, "first_shard", d->run ? d->run->part.first : 0);
         omv_kv_int(&kv, "last_shard", d->run ? d->run->part.last : 0);
+        omv_kv_str(&kv, "role", !d->run ? "free" : d->run->part.backup ? "backup" : "primary");
         omv_kv_int(&kv, "bytes_in_total", d->run ? (int64_t)d->run->bytes_in_total : 0);
         omv_kv_int(&kv, "bytes_out_total", d->run ? (int64_t)d->run->bytes_out_total : 0);
+    }
+    if (!d->shard_role) {
+        omv_kv_section(&kv, "servers");
+        omv_kv_int(&kv, "registered_total", (int64_t)d->servers.registered_total);
+        omv_kv_int(&kv, "lost_total", (int64_t)d->servers.lost_total);
+        omv_kv_int(&kv, "failovers_total", (int64_t)d->servers.failovers_total);
     }
     int64_t now = omv_time_ms();
     for (uint32_t i = 0; !d->shard_role && i < d->servers.n; i++)

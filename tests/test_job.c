@@ -333,6 +333,15 @@ START_TEST(test_cluster_rules)
     assert_refused("[model]\nlayers = 4 2\n[cluster]\nservers = 2\nsplit = speed\n", words5);
     write_job("[model]\nlayers = 4 2\n[cluster]\nservers = 2\n[optimizer]\nenabled = yes\n");
     ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    /* Replicas are of servers' ranges, and every copy needs a server of its own. */
+    const char *words6[] = {path, "replicas = 2", "servers", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[cluster]\nreplicas = 2\n", words6);
+    const char *words7[] = {path, "replicas = 2", "at most 16", NULL};
+    assert_refused("[model]\nlayers = 4 2\n[cluster]\nservers = 9\nshards = 9\nreplicas = 2\n",
+                   words7);
+    write_job("[model]\nlayers = 4 2\n[cluster]\nservers = 2\nreplicas = 2\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_int_eq(job.replicas, 2);
 }
 END_TEST
 

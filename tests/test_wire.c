@@ -617,6 +617,33 @@ START_TEST(test_servers_refused)
 }
 END_TEST
 
+/* Backups travel with the servers, and a backup must hold one server's range exactly. */
+START_TEST(test_backups)
+{
+    omv_msg_t m, d;
+    uint8_t buf[BUF_CAP];
+    char why[OMV_WIRE_REASON_MAX] = "";
+    make_welcome(&m);
+    omv_welcome_t *w = &m.u.welcome;
+    w->n_servers = 2;
+    w->servers[0] = (omv_server_info_t){"ipc:///a", "", 0, 1};
+    w->servers[1] = (omv_server_info_t){"ipc:///b", "", 1, 3};
+    w->n_backups = 2;
+    w->backups[0] = (omv_server_info_t){"ipc:///c", "", 1, 3};
+    w->backups[1] = (omv_server_info_t){"ipc:///d", "", 0, 1};
+    size_t len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_uint_eq(d.u.welcome.n_backups, 2);
+    ck_assert_str_eq(d.u.welcome.backups[0].endpoint, "ipc:///c");
+    ck_assert(d.u.welcome.backups[0].first_shard == 1 && d.u.welcome.backups[0].last_shard == 3);
+    ck_assert(d.u.welcome.backups[1].first_shard == 0 && d.u.welcome.backups[1].last_shard == 1);
+    w->backups[1].last_shard = 2; /* shards [0, 2): nobody's range */
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+    ck_assert_msg(strstr(why, "backup 1"), "'%s'", why);
+}
+END_TEST
+
 START_TEST(test_welcome_limits)
 {
     /* The largest welcome we may send: longest paths, most layers, most shards. */
@@ -764,6 +791,7 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_oversized_envelope);
     tcase_add_test(tc, test_welcome_bad_shards_refused);
     tcase_add_test(tc, test_welcome_limits);
+    tcase_add_test(tc, test_backups);
     tcase_add_test(tc, test_servers_round_trip);
     tcase_add_test(tc, test_servers_refused);
     tcase_add_test(tc, test_long_string_refused);

@@ -12,6 +12,7 @@ struct omv_link {
     void *sock;
     zmq_msg_t payload; /* the last payload received */
     int has_payload;
+    int lossy; /* omv_link_new_lossy */
     uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
 };
 
@@ -28,7 +29,7 @@ static int set_curve(void *sock, const omv_link_curve_t *c)
     return 0;
 }
 
-omv_link_t *omv_link_new(const char *endpoint, const omv_link_curve_t *curve)
+static omv_link_t *link_new(const char *endpoint, const omv_link_curve_t *curve, int lossy)
 {
     omv_link_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
@@ -44,6 +45,9 @@ omv_link_t *omv_link_new(const char *endpoint, const omv_link_curve_t *curve)
     zmq_setsockopt(self->sock, ZMQ_LINGER, &linger, sizeof(linger));
     zmq_setsockopt(self->sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(self->sock, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+    /* Lossy: nothing waits for a peer that is not connected. */
+    self->lossy = lossy;
+    zmq_setsockopt(self->sock, ZMQ_IMMEDIATE, &lossy, sizeof(lossy));
     if (curve != NULL && set_curve(self->sock, curve) != 0)
         goto fail;
     if (zmq_connect(self->sock, endpoint) != 0)
@@ -60,6 +64,16 @@ fail : {
     errno = e;
     return NULL;
 }
+}
+
+omv_link_t *omv_link_new(const char *endpoint, const omv_link_curve_t *curve)
+{
+    return link_new(endpoint, curve, 0);
+}
+
+omv_link_t *omv_link_new_lossy(const char *endpoint, const omv_link_curve_t *curve)
+{
+    return link_new(endpoint, curve, 1);
 }
 
 void omv_link_abandon(omv_link_t **self_p)
@@ -90,7 +104,8 @@ int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const void *payload)
     if (r < 0)
         return r;
     uint32_t count = omv_wire_payload_count(msg);
-    if (zmq_send(self->sock, self->buf, len, count ? ZMQ_SNDMORE : 0) < 0)
+    int flags = self->lossy ? ZMQ_DONTWAIT : 0;
+    if (zmq_send(self->sock, self->buf, len, (count ? ZMQ_SNDMORE : 0) | flags) < 0)
         return -errno;
     if (count && zmq_send(self->sock, payload, omv_wire_payload_bytes(msg), 0) < 0)
         return -errno;

@@ -19,6 +19,9 @@ typedef struct {
  * ZeroMQ connects in the background and reconnects by itself. Returns NULL with errno set
  * (ENOTSUP: libzmq has no CURVE). Caller owns; release with omv_link_destroy. */
 omv_link_t *omv_link_new(const char *endpoint, const omv_link_curve_t *curve);
+/* The same, but a message to a peer that is not connected is dropped: omv_link_send returns
+ * -EAGAIN at once, where the other kind queues it for the reconnection. */
+omv_link_t *omv_link_new_lossy(const char *endpoint, const omv_link_curve_t *curve);
 /* Closes the link, flushing what was sent for up to 2 s. */
 void omv_link_destroy(omv_link_t **self_p);
 /* Closes the link at once, dropping what was not sent (the daemon is gone). */

@@ -26,9 +26,11 @@ typedef struct {
     omv_link_t *link;
     /* The model on shard servers: a link to each (links[0] is the daemon's), which holds
      * which shard, and the link the last message came from. */
-    omv_link_t *links[1 + OMV_WIRE_MAX_SERVERS];
-    uint32_t n_servers;
+    omv_link_t *links[1 + 2 * OMV_WIRE_MAX_SERVERS];
+    uint32_t n_servers, n_backups; /* the backups' links follow the servers' */
     uint8_t shard_server[OMV_WIRE_MAX_SHARDS];
+    uint8_t shard_backup[OMV_WIRE_MAX_SHARDS]; /* 1 + the index of its backup's link; 0: none */
+    int backup_warned;                         /* said once that a backup is not connected */
     omv_link_t *from;
     uint32_t worker_id;   /* 0 while not registered */
     uint32_t previous_id; /* the id we had before the daemon went away */
@@ -99,7 +101,7 @@ static int recv_any(session_t *s, omv_msg_t *m, int wait, char *why)
         return omv_link_recv(s->link, m, wait, why);
     }
     s->links[0] = s->link;
-    int i = omv_link_poll(s->links, 1 + (int)s->n_servers, wait);
+    int i = omv_link_poll(s->links, 1 + (int)(s->n_servers + s->n_backups), wait);
     if (i < 0)
         return i;
     s->from = s->links[i];
@@ -247,12 +249,13 @@ static void shm_attach(session_t *s, const omv_welcome_t *w)
 
 static void servers_close(session_t *s, int flush)
 {
-    for (uint32_t i = 0; i < s->n_servers; i++)
+    for (uint32_t i = 0; i < s->n_servers + s->n_backups; i++)
         if (flush)
             omv_link_destroy(&s->links[1 + i]);
         else
             omv_link_abandon(&s->links[1 + i]);
-    s->n_servers = 0;
+    s->n_servers = s->n_backups = 0;
+    memset(s->shard_backup, 0, sizeof(s->shard_backup));
 }
 
 /* Attaches to a shard server: Attach until it answers (the daemon may not have told it of us
@@ -264,9 +267,14 @@ static int attach_one(session_t *s, omv_link_t *link, const char *endpoint, uint
     while (omv_time_ms() < deadline && !*s->stop) {
         omv_msg_t m = {.type = OMV_MSG_ATTACH};
         m.u.attach = (omv_attach_t){s->worker_id, token};
-        if (send_on(s, link, &m, NULL) < 0)
+        int e = omv_link_send(link, &m, NULL);
+        if (e < 0 && e != -EAGAIN) {
+            omv_log_error("cannot send %s to %s: %s", omv_msg_name(m.type), endpoint,
+                          omv_strerror(e));
             return -EPROTO;
-        int r = omv_link_recv(link, &m, 500, why);
+        }
+        /* -EAGAIN: a lossy link is not connected yet; again after a pause. */
+        int r = e == 0 ? omv_link_recv(link, &m, 500, why) : -EAGAIN;
         if (r == 0 && m.type == OMV_MSG_HEARTBEAT)
             return 0;
         if (r == 0 && m.type == OMV_MSG_ERROR)
@@ -280,7 +288,32 @@ static int attach_one(session_t *s, omv_link_t *link, const char *endpoint, uint
     return -ETIMEDOUT;
 }
 
-/* The model is on shard servers: a link to each, attached, and which holds which shard. */
+/* A link to shard server v, attached, as links[1 + i]. Returns 0 or a negative errno after
+ * logging why. */
+static int open_server(session_t *s, const omv_server_info_t *v, uint32_t i, uint64_t token,
+                       int backup)
+{
+    omv_link_curve_t c = {v->public_key, s->cfg->curve ? s->cfg->curve->public_key : NULL,
+                          s->cfg->curve ? s->cfg->curve->secret_key : NULL};
+    if (v->public_key[0] && s->cfg->curve == NULL) {
+        omv_log_error("shard server %s takes CURVE connections: give this worker its keys",
+                      v->endpoint);
+        return -EPROTO;
+    }
+    /* A backup that is gone must not hold our gradients back: it is dropped, and the
+     * coordinator fails over. */
+    const omv_link_curve_t *cc = v->public_key[0] ? &c : NULL;
+    s->links[1 + i] = backup ? omv_link_new_lossy(v->endpoint, cc) : omv_link_new(v->endpoint, cc);
+    if (s->links[1 + i] == NULL) {
+        int e = -errno;
+        omv_log_error("cannot connect to shard server %s: %s", v->endpoint, omv_strerror(e));
+        return e;
+    }
+    return attach_one(s, s->links[1 + i], v->endpoint, token);
+}
+
+/* The model is on shard servers: a link to each (and to each backup), attached, and which
+ * holds which shard. */
 static int servers_open(session_t *s, const omv_welcome_t *w)
 {
     servers_close(s, 0);
@@ -293,28 +326,25 @@ static int servers_open(session_t *s, const omv_welcome_t *w)
     }
     for (uint32_t i = 0; i < w->n_servers; i++) {
         const omv_server_info_t *v = &w->servers[i];
-        omv_link_curve_t c = {v->public_key, s->cfg->curve ? s->cfg->curve->public_key : NULL,
-                              s->cfg->curve ? s->cfg->curve->secret_key : NULL};
-        if (v->public_key[0] && s->cfg->curve == NULL) {
-            omv_log_error("shard server %s takes CURVE connections: give this worker its keys",
-                          v->endpoint);
-            return -EPROTO;
-        }
-        s->links[1 + i] = omv_link_new(v->endpoint, v->public_key[0] ? &c : NULL);
-        if (s->links[1 + i] == NULL) {
-            omv_log_error("cannot connect to shard server %s: %s", v->endpoint,
-                          omv_strerror(-errno));
-            return -errno;
-        }
         s->n_servers = i + 1;
         for (uint32_t sh = v->first_shard; sh < v->last_shard; sh++)
             s->shard_server[sh] = (uint8_t)i;
-        int r = attach_one(s, s->links[1 + i], v->endpoint, w->attach_token);
+        int r = open_server(s, v, i, w->attach_token, 0);
         if (r < 0)
             return r;
     }
-    omv_log_info("worker %u: the model is on %u shard servers; pulling from and pushing to them",
-                 s->worker_id, s->n_servers);
+    for (uint32_t k = 0; k < w->n_backups; k++) {
+        const omv_server_info_t *v = &w->backups[k];
+        s->n_backups = k + 1;
+        for (uint32_t sh = v->first_shard; sh < v->last_shard; sh++)
+            s->shard_backup[sh] = (uint8_t)(1 + s->n_servers + k);
+        int r = open_server(s, v, s->n_servers + k, w->attach_token, 1);
+        if (r < 0)
+            return r;
+    }
+    omv_log_info("worker %u: the model is on %u shard servers%s; pulling from and pushing to "
+                 "them",
+                 s->worker_id, s->n_servers, s->n_backups ? ", with a backup of each" : "");
     return 0;
 }
 
@@ -798,6 +828,19 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
         values = s->grad16 + off;
     }
     s->pushed[sh] = 1;
+    /* To the range's backup first: it has every gradient its primary applies. */
+    if (s->shard_backup[sh]) {
+        int r = omv_link_send(s->links[s->shard_backup[sh]], &m, values);
+        if (r == -EAGAIN && !s->backup_warned)
+            omv_log_warn("worker %u: the backup of shard %u is not connected: its gradients are "
+                         "dropped until the coordinator fails over",
+                         s->worker_id, sh);
+        s->backup_warned |= r == -EAGAIN;
+        if (r < 0 && r != -EAGAIN) {
+            omv_log_error("cannot send %s to a backup: %s", omv_msg_name(m.type), omv_strerror(r));
+            return r;
+        }
+    }
     return send_on(s, s->n_servers ? s->links[1 + s->shard_server[sh]] : s->link, &m, values);
 }
 
