@@ -554,7 +554,7 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     make_endpoint(b, transport, "echo.sock", echo_ep, sizeof(echo_ep));
     char name[64];
     snprintf(name, sizeof(name), "bench-ps-%s-x%d", sz->label, n_workers);
-    bench_job_t jf = {name, sz->in, sz->out, images, labels, n_workers, b->shards};
+    bench_job_t jf = {name, sz->in, sz->out, images, labels, n_workers, b->shards, 0};
     if (bench_write_idx(images, labels, IMAGES, sz->in) < 0 || bench_write_job(job, &jf) < 0) {
         snprintf(res->error, sizeof(res->error), "cannot write the job files in %s", b->dir);
         return;
@@ -673,7 +673,7 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
     long long steps = 0;
     for (int i = 0; i < n_workers; i++)
         steps += (long long)workers[i].step;
-    int cr = bench_control_status(ctl, &st);
+    int cr = bench_control(ctl, "status --json", &st);
     long long clocks = cr == 0 ? bench_json_array_sum(omv_strbuf_str(&st), "group_clocks") : -1;
     long long refused = cr == 0 ? bench_json_int(omv_strbuf_str(&st), "refused_total") : -1;
     res->verified = clocks == steps && refused == 0;
