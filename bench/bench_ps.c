@@ -6,20 +6,22 @@
  *   build/bench/bench_ps                        # 4k 1m 16m 64m x 1 2 8 workers x tcp ipc
  *   build/bench/bench_ps --quick                # short windows, one repeat: a smoke run
  *   build/bench/bench_ps --sizes 1m --workers 1,8 --transports tcp --seconds 2 --repeats 5
+ *   build/bench/bench_ps --quick --sizes 1m --workers 1,2 --servers 0,1,2   # shard servers
  *   meson test -C build --benchmark ps -v       # the full run through meson (about 4 min)
  *   meson test -C build --benchmark ps -v --test-args=--quick
  * To profile the daemon, attach to the pid each case prints on stderr while it runs:
  *   build/bench/bench_ps --sizes 1m --workers 1 --transports tcp --seconds 4 --repeats 2 &
  *   perf record -g -p <omnivored pid> -- sleep 10     (or strace -c -f -p <pid>)
  * Options: --sizes LIST (4k, 1m, 16m, 64m: KiB or MiB of float32 parameters), --workers LIST,
- *   --transports tcp,ipc, --seconds S (one measured window, default 0.6), --repeats R
- *   (measured windows per server, default 5), --shards N (the daemon's [cluster] shards,
- *   default 2),
+ *   --transports tcp,ipc, --servers LIST (shard servers the model is spread over, 0 to 8;
+ *   default 0: the daemon holds it), --seconds S (one measured window, default 0.6),
+ *   --repeats R (measured windows per server, default 5), --shards N (the job's [cluster]
+ *   shards, default 2; with servers max(N, servers)),
  *   --daemon PATH (default $OMNIVORED, else ../server/omnivored next to this binary),
  *   --keep (keep the temporary folder: job files, data files, daemon logs).
  *
- * Per case (model size x workers x transport) it starts one omnivored on a generated job (an MLP
- * `layers = A B` with A*B+B parameters, tiny IDX files of 1xA images, one group per worker,
+ * Per case (model size x workers x servers x transport) it starts one omnivored on a generated job
+ * (an MLP `layers = A B` with A*B+B parameters, tiny IDX files of 1xA images, one group per worker,
  * staleness none, a job far longer than the bench, worker_timeout_s at its maximum) and one raw
  * echo server (this binary re-executed with --echo-server: a ROUTER that sends every frame it
  * receives back, zero-copy). N fake workers, each a thread with its own ZeroMQ context (as a
@@ -32,12 +34,26 @@
  * receive them with zmq_msg_recv without copying, so the client side costs as little as it can,
  * the same in both modes.
  *
+ * With servers N > 0 the job says `[cluster] servers = N` and the case starts N shard servers
+ * first (`omnivored --role shard --coordinator EP --endpoint EP`, each its own process with its
+ * own control socket and state folder, on the case's transport), then the daemon as their
+ * coordinator. A fake worker says Hello until it is welcomed into the job (the coordinator
+ * welcomes it idle until its servers are in, then says Stop with reconnect), opens one DEALER
+ * per server named in the Welcome and attaches to each (Attach with the Welcome's token until
+ * the server answers with a heartbeat). A round trip then pushes each shard to the server that
+ * holds it, pulls step + 1 from every server, and reports the step to the coordinator (which
+ * counts steps from reports); each server sends the Params of its own shards. The raw side has
+ * N echo servers too, each echoing the frames of one server's shards, so that its ceiling
+ * spreads over as many processes as the ps side.
+ *
  * Figures: GB/s = bytes moved both ways (2 x model bytes per round trip, 1 GB = 1e9 bytes) over
  * the window's wall time, all workers together; updates/s = round trips per second across
  * workers (with one worker per group, each push is one group step applied); latency = one round
  * trip, p50 and p99 over every round trip of the measured windows. GB/s and updates/s are the
  * median over windows. The daemon's group clocks and refusal counters are read back over its
- * control socket at the end of each case to check that every push was applied and none refused. */
+ * control socket at the end of each case to check that every push was applied and none refused;
+ * with servers, the coordinator's (our reports) and every shard server's over its own control
+ * socket (its clocks advance only when it applied a step of its shards). */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -61,6 +77,7 @@
 
 #define MAX_LIST 8
 #define MAX_WORKERS 64
+#define MAX_SERVERS 8          /* shard servers in one case, each its own process */
 #define LAT_CAP (1u << 18)     /* latency samples kept per worker per mode */
 #define IMAGES 512             /* images in the generated training set */
 #define RECV_TIMEOUT_MS 60000  /* one reply; a 64 MiB round trip with 8 workers takes ~1 s */
@@ -85,6 +102,8 @@ typedef struct {
     int n_sizes;
     int workers[MAX_LIST];
     int n_workers;
+    int servers[MAX_LIST]; /* shard servers per case; 0: the daemon holds the model */
+    int n_servers;
     const char *transports[MAX_LIST];
     int n_transports;
     double seconds;
@@ -108,9 +127,11 @@ typedef struct {
 typedef struct {
     const size_spec_t *size;
     int workers;
+    int servers; /* 0: the daemon holds the model */
+    int shards;  /* the job's [cluster] shards: max(--shards, servers) */
     const char *transport;
     mode_result_t mode[2];
-    int verified; /* the daemon's clocks match our pushes and it refused nothing */
+    int verified; /* the servers' clocks match our pushes and they refused nothing */
     int ok;
     char error[256];
 } case_result_t;
@@ -120,10 +141,15 @@ struct case_run;
 typedef struct {
     struct case_run *c;
     int index;
-    void *ctx, *ps, *echo;
+    void *ctx;
+    void *ps;                /* the daemon, or with shard servers the coordinator */
+    void *data[MAX_SERVERS]; /* [n_links] where pushes and pulls go; data[0] is ps without
+                              * shard servers */
+    void *echo[MAX_SERVERS]; /* [n_links] one echo server per data link */
     uint32_t worker_id;
-    uint64_t step; /* the step whose parameters we hold; the next push is for it */
-    uint64_t rts;  /* round trips in this window */
+    uint32_t batch; /* images per step, as the params say: what our step report counts */
+    uint64_t step;  /* the step whose parameters we hold; the next push is for it */
+    uint64_t rts;   /* round trips in this window */
     double t_end;
     float *lat[2]; /* [LAT_CAP] us */
     size_t n_lat[2];
@@ -133,12 +159,28 @@ typedef struct {
     uint8_t buf[OMV_WIRE_MAX_ENVELOPE];
 } worker_t;
 
+/* The processes of one case and where they listen. */
+typedef struct {
+    pid_t daemon;
+    pid_t server[MAX_SERVERS]; /* [n_servers] */
+    pid_t echo[MAX_SERVERS];   /* [n_links] */
+    char ps_ep[600], ctl[512], dlog[512];
+    char server_ctl[MAX_SERVERS][512], server_log[MAX_SERVERS][512];
+    char echo_ep[MAX_SERVERS][600];
+} children_t;
+
 typedef struct case_run {
     bench_t *b;
     const size_spec_t *size;
+    const char *transport;
     int n_workers;
+    int n_servers; /* 0: the daemon holds the model */
+    int n_links;   /* data links per worker: n_servers, or 1 (the daemon) */
     uint32_t n_shards;
     uint32_t shard_offsets[OMV_WIRE_MAX_SHARDS + 1];
+    uint32_t link_first[MAX_SERVERS + 1];    /* link i holds [link_first[i], link_first[i+1]) */
+    uint8_t shard_link[OMV_WIRE_MAX_SHARDS]; /* which link holds a shard */
+    children_t ch;
     worker_t *w;
     pthread_barrier_t start, end;
     int mode, record, quit;
@@ -234,23 +276,24 @@ static int rcvmore(void *sock)
     return more;
 }
 
-/* Receives one message from the daemon: its envelope decoded into m and, when it announces a
- * payload, the payload's size checked and the payload dropped. */
-static int recv_msg(worker_t *w, omv_msg_t *m, int timeout_ms)
+/* Receives one message from sock (the daemon, the coordinator or a shard server): its envelope
+ * decoded into m and, when it announces a payload, the payload's size checked and the payload
+ * dropped. Error and Stop are left to the caller. */
+static int recv_raw(worker_t *w, void *sock, omv_msg_t *m, int timeout_ms)
 {
-    if (wait_in(w, w->ps, timeout_ms) < 0)
+    if (wait_in(w, sock, timeout_ms) < 0)
         return -ETIMEDOUT;
-    int len = zmq_recv(w->ps, w->buf, sizeof(w->buf), 0);
+    int len = zmq_recv(sock, w->buf, sizeof(w->buf), 0);
     if (len < 0)
         return fail(w, "receive: %s", zmq_strerror(errno));
     char why[OMV_WIRE_REASON_MAX];
     if ((size_t)len > sizeof(w->buf) || omv_wire_decode(w->buf, (size_t)len, m, why) < 0)
         return fail(w, "malformed message from the daemon (%d bytes)", len);
     size_t want = (size_t)omv_wire_payload_count(m) * sizeof(float), got = 0;
-    while (rcvmore(w->ps)) {
+    while (rcvmore(sock)) {
         zmq_msg_t p;
         zmq_msg_init(&p);
-        if (zmq_msg_recv(&p, w->ps, 0) < 0) {
+        if (zmq_msg_recv(&p, sock, 0) < 0) {
             zmq_msg_close(&p);
             return fail(w, "receive: %s", zmq_strerror(errno));
         }
@@ -259,6 +302,15 @@ static int recv_msg(worker_t *w, omv_msg_t *m, int timeout_ms)
     }
     if (got != want)
         return fail(w, "%s carries %zu bytes, announces %zu", omv_msg_name(m->type), got, want);
+    return 0;
+}
+
+/* recv_raw, with Error and Stop failing the worker. */
+static int recv_msg(worker_t *w, void *sock, omv_msg_t *m, int timeout_ms)
+{
+    int r = recv_raw(w, sock, m, timeout_ms);
+    if (r < 0)
+        return r;
     if (m->type == OMV_MSG_ERROR)
         return fail(w, "daemon refused us (%s): \"%s\"", omv_refuse_name(m->u.error.code),
                     m->u.error.reason);
@@ -267,21 +319,29 @@ static int recv_msg(worker_t *w, omv_msg_t *m, int timeout_ms)
     return 0;
 }
 
-/* Waits for every shard of the parameters of `step`. */
+/* Waits for every shard of the parameters of `step`, each from the link that holds it. A
+ * heartbeat (a shard server's late answer to an attach we sent again) is skipped. */
 static int recv_params(worker_t *w, uint64_t step)
 {
     const case_run_t *c = w->c;
-    for (uint32_t have = 0; have < c->n_shards; have++) {
-        omv_msg_t m;
-        if (recv_msg(w, &m, RECV_TIMEOUT_MS) < 0)
-            return -EPROTO;
-        const omv_params_t *p = &m.u.params;
-        if (m.type != OMV_MSG_PARAMS || p->step != step || p->shard >= c->n_shards ||
-            p->offset != c->shard_offsets[p->shard] ||
-            p->count != c->shard_offsets[p->shard + 1] - p->offset)
-            return fail(w, "expected params of step %llu, got %s (step %llu shard %u)",
-                        (unsigned long long)step, omv_msg_name(m.type), (unsigned long long)p->step,
-                        p->shard);
+    for (int l = 0; l < c->n_links; l++) {
+        uint32_t first = c->link_first[l], last = c->link_first[l + 1];
+        for (uint32_t have = first; have < last;) {
+            omv_msg_t m;
+            if (recv_msg(w, w->data[l], &m, RECV_TIMEOUT_MS) < 0)
+                return -EPROTO;
+            if (m.type == OMV_MSG_HEARTBEAT)
+                continue;
+            const omv_params_t *p = &m.u.params;
+            if (m.type != OMV_MSG_PARAMS || p->step != step || p->shard < first ||
+                p->shard >= last || p->offset != c->shard_offsets[p->shard] ||
+                p->count != c->shard_offsets[p->shard + 1] - p->offset)
+                return fail(w, "expected params of step %llu, got %s (step %llu shard %u)",
+                            (unsigned long long)step, omv_msg_name(m.type),
+                            (unsigned long long)p->step, p->shard);
+            w->batch = p->batch;
+            have++;
+        }
     }
     return 0;
 }
@@ -296,50 +356,67 @@ static void push_msg(const worker_t *w, uint32_t shard, omv_msg_t *m)
                      0.0f,         1,       0.0f,  OMV_WIRE_FP32};
 }
 
-/* One push of the whole model (a zero gradient for w->step) and one pull of the whole model
- * (the parameters of w->step + 1, which the daemon sends once our push is applied). */
+/* Asks every data link for the parameters of step. */
+static int send_pulls(worker_t *w, uint64_t step)
+{
+    omv_msg_t m = {.type = OMV_MSG_PULL};
+    m.u.pull = (omv_pull_t){w->worker_id, step};
+    for (int l = 0; l < w->c->n_links; l++)
+        if (send_msg(w, w->data[l], &m, NULL) < 0)
+            return -EPROTO;
+    return 0;
+}
+
+/* One push of the whole model (a zero gradient for w->step, each shard to the server that holds
+ * it) and one pull of the whole model (the parameters of w->step + 1, which each server sends
+ * once our push is applied). With shard servers, the coordinator gets the step's report. */
 static int ps_round_trip(worker_t *w)
 {
     const case_run_t *c = w->c;
     omv_msg_t m;
     for (uint32_t sh = 0; sh < c->n_shards; sh++) {
         push_msg(w, sh, &m);
-        if (send_msg(w, w->ps, &m, c->b->zeros + c->shard_offsets[sh]) < 0)
+        if (send_msg(w, w->data[c->shard_link[sh]], &m, c->b->zeros + c->shard_offsets[sh]) < 0)
             return -EPROTO;
     }
-    m.type = OMV_MSG_PULL;
-    m.u.pull = (omv_pull_t){w->worker_id, w->step + 1};
-    if (send_msg(w, w->ps, &m, NULL) < 0)
+    if (send_pulls(w, w->step + 1) < 0)
         return -EPROTO;
+    if (c->n_servers > 0) {
+        m.type = OMV_MSG_REPORT;
+        m.u.report = (omv_step_report_t){w->worker_id, w->step, 0.0f, w->batch, 0.0f};
+        if (send_msg(w, w->ps, &m, NULL) < 0)
+            return -EPROTO;
+    }
     w->step++;
     return recv_params(w, w->step);
 }
 
-/* The same frames to the echo server, and back. */
+/* The same frames to the echo servers (each link's shards to its own), and back. */
 static int echo_round_trip(worker_t *w)
 {
     const case_run_t *c = w->c;
     omv_msg_t m;
     for (uint32_t sh = 0; sh < c->n_shards; sh++) {
         push_msg(w, sh, &m);
-        if (send_msg(w, w->echo, &m, c->b->zeros + c->shard_offsets[sh]) < 0)
+        if (send_msg(w, w->echo[c->shard_link[sh]], &m, c->b->zeros + c->shard_offsets[sh]) < 0)
             return -EPROTO;
     }
     for (uint32_t sh = 0; sh < c->n_shards; sh++) {
-        if (wait_in(w, w->echo, RECV_TIMEOUT_MS) < 0)
+        void *sock = w->echo[c->shard_link[sh]];
+        if (wait_in(w, sock, RECV_TIMEOUT_MS) < 0)
             return -ETIMEDOUT;
         size_t got = 0;
         int frames = 0;
         do {
             zmq_msg_t p;
             zmq_msg_init(&p);
-            if (zmq_msg_recv(&p, w->echo, 0) < 0) {
+            if (zmq_msg_recv(&p, sock, 0) < 0) {
                 zmq_msg_close(&p);
                 return fail(w, "echo receive: %s", zmq_strerror(errno));
             }
             got += frames++ ? zmq_msg_size(&p) : 0;
             zmq_msg_close(&p);
-        } while (rcvmore(w->echo));
+        } while (rcvmore(sock));
         size_t want = (size_t)(c->shard_offsets[sh + 1] - c->shard_offsets[sh]) * sizeof(float);
         if (frames != 2 || got != want)
             return fail(w, "echo sent %d frames, %zu payload bytes; expected 2, %zu", frames, got,
@@ -451,196 +528,373 @@ static void print_log_tail(const char *path)
     fclose(f);
 }
 
-static void close_worker(worker_t *w)
+static void print_logs(const case_run_t *c)
 {
-    if (w->ps)
-        zmq_close(w->ps);
-    if (w->echo)
-        zmq_close(w->echo);
-    if (w->ctx)
-        zmq_ctx_term(w->ctx);
-    w->ps = w->echo = w->ctx = NULL;
+    print_log_tail(c->ch.dlog);
+    for (int i = 0; i < c->n_servers; i++)
+        print_log_tail(c->ch.server_log[i]);
 }
 
-static int open_worker(worker_t *w, const char *ps_ep, const char *echo_ep)
+static void close_worker(worker_t *w)
 {
+    for (int l = 0; l < MAX_SERVERS; l++) {
+        if (w->data[l] && w->data[l] != w->ps)
+            zmq_close(w->data[l]);
+        if (w->echo[l])
+            zmq_close(w->echo[l]);
+        w->data[l] = w->echo[l] = NULL;
+    }
+    if (w->ps)
+        zmq_close(w->ps);
+    if (w->ctx)
+        zmq_ctx_term(w->ctx);
+    w->ps = w->ctx = NULL;
+}
+
+/* A DEALER with no linger and no high-water marks (as the worker's link has), connected. */
+static void *open_socket(worker_t *w, const char *endpoint)
+{
+    void *s = zmq_socket(w->ctx, ZMQ_DEALER);
+    if (s == NULL) {
+        fail(w, "zmq_socket: %s", zmq_strerror(errno));
+        return NULL;
+    }
+    int zero = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof(zero));
+    zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof(zero));
+    if (zmq_connect(s, endpoint) != 0) {
+        fail(w, "connect %s: %s", endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* The socket to the daemon (or coordinator) and one to each echo server. */
+static int open_worker(worker_t *w)
+{
+    const case_run_t *c = w->c;
     w->ctx = zmq_ctx_new();
     if (w->ctx == NULL)
         return fail(w, "zmq_ctx_new: %s", zmq_strerror(errno));
-    w->ps = zmq_socket(w->ctx, ZMQ_DEALER);
-    w->echo = zmq_socket(w->ctx, ZMQ_DEALER);
-    if (w->ps == NULL || w->echo == NULL)
-        return fail(w, "zmq_socket: %s", zmq_strerror(errno));
-    int zero = 0;
-    void *socks[2] = {w->ps, w->echo};
-    for (int i = 0; i < 2; i++) {
-        zmq_setsockopt(socks[i], ZMQ_LINGER, &zero, sizeof(zero));
-        zmq_setsockopt(socks[i], ZMQ_SNDHWM, &zero, sizeof(zero));
-        zmq_setsockopt(socks[i], ZMQ_RCVHWM, &zero, sizeof(zero));
+    w->ps = open_socket(w, c->ch.ps_ep);
+    if (w->ps == NULL)
+        return -EPROTO;
+    for (int l = 0; l < c->n_links; l++) {
+        w->echo[l] = open_socket(w, c->ch.echo_ep[l]);
+        if (w->echo[l] == NULL)
+            return -EPROTO;
     }
-    if (zmq_connect(w->ps, ps_ep) != 0 || zmq_connect(w->echo, echo_ep) != 0)
-        return fail(w, "connect: %s", zmq_strerror(errno));
     return 0;
 }
 
-/* Hello -> Welcome, checked against the job we wrote. */
-static int handshake(worker_t *w, pid_t daemon)
+/* Whether the daemon and every shard server still run; fails w when one does not. */
+static int children_alive(worker_t *w)
 {
-    case_run_t *c = w->c;
-    omv_msg_t m = {.type = OMV_MSG_HELLO};
-    m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
-    m.u.hello.role = OMV_ROLE_TRAINER;
-    snprintf(m.u.hello.hostname, sizeof(m.u.hello.hostname), "bench_ps-%d", w->index);
-    m.u.hello.pid = (uint32_t)getpid();
-    m.u.hello.threads = 1;
-    if (send_msg(w, w->ps, &m, NULL) < 0)
-        return -EPROTO;
-    double deadline = now_s() + START_TIMEOUT_MS / 1000.0;
+    const case_run_t *c = w->c;
+    if (!bench_alive(c->ch.daemon))
+        return fail(w, "omnivored exited before it welcomed us");
+    for (int i = 0; i < c->n_servers; i++)
+        if (!bench_alive(c->ch.server[i]))
+            return fail(w, "shard server %d exited", i);
+    return 0;
+}
+
+/* Waits for the next message from the daemon, checking that the children live. */
+static int await_daemon(worker_t *w, omv_msg_t *m, double deadline)
+{
     zmq_pollitem_t it = {w->ps, 0, ZMQ_POLLIN, 0};
     while (zmq_poll(&it, 1, 100) <= 0) {
         if (interrupted)
             return fail(w, "interrupted");
-        if (!bench_alive(daemon))
-            return fail(w, "omnivored exited before it welcomed us");
+        if (children_alive(w) < 0)
+            return -EPROTO;
         if (now_s() > deadline)
             return fail(w, "no welcome from omnivored within %d ms", START_TIMEOUT_MS);
     }
-    if (recv_msg(w, &m, 0) < 0)
+    return recv_raw(w, w->ps, m, 0);
+}
+
+/* Hello until a Welcome into the job: a coordinator whose job waits for its shard servers
+ * welcomes us idle, and tells us to register again (Stop with reconnect) once they are in. */
+static int hello_until_welcome(worker_t *w, omv_msg_t *m)
+{
+    double deadline = now_s() + START_TIMEOUT_MS / 1000.0;
+    for (;;) {
+        *m = (omv_msg_t){.type = OMV_MSG_HELLO};
+        m->u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+        m->u.hello.role = OMV_ROLE_TRAINER;
+        snprintf(m->u.hello.hostname, sizeof(m->u.hello.hostname), "bench_ps-%d", w->index);
+        m->u.hello.pid = (uint32_t)getpid();
+        m->u.hello.threads = 1;
+        if (send_msg(w, w->ps, m, NULL) < 0)
+            return -EPROTO;
+        int again = 0;
+        while (!again) {
+            if (await_daemon(w, m, deadline) < 0)
+                return -EPROTO;
+            if (m->type == OMV_MSG_WELCOME && !m->u.welcome.idle)
+                return 0;
+            if (m->type == OMV_MSG_STOP && m->u.stop.reconnect)
+                again = 1;
+            else if (m->type == OMV_MSG_ERROR || m->type == OMV_MSG_STOP)
+                return fail(w, "daemon says %s: \"%s\"", omv_msg_name(m->type),
+                            m->type == OMV_MSG_STOP ? m->u.stop.reason : m->u.error.reason);
+            /* An idle Welcome or a heartbeat: the Stop that sends us back comes later. */
+        }
+    }
+}
+
+/* Attach to shard server `link` at endpoint until it answers with a heartbeat: the
+ * coordinator may not have told it of us yet (an Error that says so: again in 100 ms). */
+static int attach_one(worker_t *w, int link, const char *endpoint, uint64_t token)
+{
+    w->data[link] = open_socket(w, endpoint);
+    if (w->data[link] == NULL)
         return -EPROTO;
-    const omv_jobspec_t *j = &m.u.welcome.job;
-    if (m.type != OMV_MSG_WELCOME)
-        return fail(w, "expected welcome, got %s", omv_msg_name(m.type));
-    if (m.u.welcome.protocol_version != OMV_PROTOCOL_VERSION)
-        return fail(w, "daemon speaks protocol %u, bench_ps %d", m.u.welcome.protocol_version,
+    double deadline = now_s() + START_TIMEOUT_MS / 1000.0;
+    while (now_s() < deadline && !interrupted) {
+        omv_msg_t m = {.type = OMV_MSG_ATTACH};
+        m.u.attach = (omv_attach_t){w->worker_id, token};
+        if (send_msg(w, w->data[link], &m, NULL) < 0)
+            return -EPROTO;
+        int r = recv_raw(w, w->data[link], &m, 500);
+        if (r == 0 && m.type == OMV_MSG_HEARTBEAT)
+            return 0;
+        if (r == 0 && (m.type != OMV_MSG_ERROR || m.u.error.code != OMV_REFUSE_UNKNOWN_WORKER))
+            return fail(w, "shard server %s answers an attach with %s", endpoint,
+                        omv_msg_name(m.type));
+        if (r < 0 && r != -ETIMEDOUT)
+            return r;
+        w->failed = 0; /* a timeout here is not the worker's end */
+        sleep_s(0.1);
+    }
+    return fail(w, "shard server %s did not take our attach within %d ms", endpoint,
+                START_TIMEOUT_MS);
+}
+
+/* Hello -> Welcome, checked against the job we wrote; with shard servers, attached to each. */
+static int handshake(worker_t *w)
+{
+    case_run_t *c = w->c;
+    omv_msg_t m;
+    if (hello_until_welcome(w, &m) < 0)
+        return -EPROTO;
+    const omv_welcome_t *wl = &m.u.welcome;
+    const omv_jobspec_t *j = &wl->job;
+    if (wl->protocol_version != OMV_PROTOCOL_VERSION)
+        return fail(w, "daemon speaks protocol %u, bench_ps %d", wl->protocol_version,
                     OMV_PROTOCOL_VERSION);
     if ((size_t)j->param_count * sizeof(float) != c->size->bytes)
         return fail(w, "daemon's model has %u parameters, expected %zu", j->param_count,
                     c->size->bytes / sizeof(float));
-    w->worker_id = m.u.welcome.worker_id;
+    if ((int)wl->n_servers != c->n_servers || j->n_shards == 0 ||
+        j->n_shards > OMV_WIRE_MAX_SHARDS ||
+        (wl->n_servers > 0 && wl->servers[wl->n_servers - 1].last_shard != j->n_shards))
+        return fail(w, "the welcome names %u shard servers for %u shards; expected %d servers",
+                    wl->n_servers, j->n_shards, c->n_servers);
+    w->worker_id = wl->worker_id;
     c->n_shards = j->n_shards;
     memcpy(c->shard_offsets, j->shard_offsets, (j->n_shards + 1) * sizeof(uint32_t));
+    c->link_first[0] = 0;
+    c->link_first[c->n_links] = j->n_shards;
+    for (uint32_t i = 0; i < wl->n_servers; i++) {
+        const omv_server_info_t *v = &wl->servers[i];
+        if (v->first_shard != (i ? wl->servers[i - 1].last_shard : 0) ||
+            v->last_shard <= v->first_shard)
+            return fail(w, "shard server %u holds shards [%u, %u): not the next range", i,
+                        v->first_shard, v->last_shard);
+        c->link_first[i] = v->first_shard;
+    }
+    for (int l = 0; l < c->n_links; l++)
+        for (uint32_t sh = c->link_first[l]; sh < c->link_first[l + 1]; sh++)
+            c->shard_link[sh] = (uint8_t)l;
+    if (wl->n_servers == 0)
+        w->data[0] = w->ps;
+    for (uint32_t i = 0; i < wl->n_servers; i++)
+        if (attach_one(w, (int)i, wl->servers[i].endpoint, wl->attach_token) < 0)
+            return -EPROTO;
     return 0;
 }
 
-static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_spec_t *sz,
-                     int n_workers, const char *transport, case_result_t *res)
+/* Shard server i of the case: its own endpoint, control socket, state folder and log. Returns
+ * its pid or -errno. */
+static pid_t start_server(case_run_t *c, int i, const char *tag)
 {
-    memset(res, 0, sizeof(*res));
-    res->size = sz;
-    res->workers = n_workers;
-    res->transport = transport;
-    case_run_t c;
-    memset(&c, 0, sizeof(c));
-    c.b = b;
-    c.size = sz;
-    c.n_workers = n_workers;
-    c.w = workers;
-    /* A window also lasts until every worker made this many round trips: 64 MiB x 8 workers
-     * takes seconds per round trip, so one is enough there. */
-    c.min_iters = b->quick || sz->bytes >= (16u << 20) ? 1 : 2;
-    pid_t daemon = -1, echo = -1;
-    int threads = 0, barriers = 0;
+    const bench_t *b = c->b;
+    children_t *ch = &c->ch;
+    char name[32], ep[600], dir[512];
+    snprintf(name, sizeof(name), "shard%d.sock", i);
+    make_endpoint(b, c->transport, name, ep, sizeof(ep));
+    snprintf(ch->server_ctl[i], sizeof(ch->server_ctl[i]), "%s/shard%d.ctl", b->dir, i);
+    snprintf(ch->server_log[i], sizeof(ch->server_log[i]), "%s/shard%d-%s.log", b->dir, i, tag);
+    snprintf(dir, sizeof(dir), "%s/shard%d", b->dir, i);
+    char *argv[] = {(char *)b->daemon,
+                    "--role",
+                    "shard",
+                    "--coordinator",
+                    ch->ps_ep,
+                    "--endpoint",
+                    ep,
+                    "--control",
+                    ch->server_ctl[i],
+                    "--state-dir",
+                    dir,
+                    "--log-level",
+                    "warn",
+                    "--curve",
+                    "no",
+                    NULL};
+    pid_t pid = bench_spawn(argv, ch->server_log[i]);
+    ch->server[i] = pid;
+    return pid;
+}
 
-    char job[512], images[512], labels[512], ctl[512], dlog[512], elog[512];
-    char ps_ep[600], echo_ep[600];
-    snprintf(images, sizeof(images), "%s/images-%s.idx", b->dir, sz->label);
-    snprintf(labels, sizeof(labels), "%s/labels-%s.idx", b->dir, sz->label);
-    snprintf(job, sizeof(job), "%s/job-%s-x%d.ini", b->dir, sz->label, n_workers);
-    snprintf(ctl, sizeof(ctl), "%s/control.sock", b->dir);
-    snprintf(dlog, sizeof(dlog), "%s/omnivored-%s-x%d-%s.log", b->dir, sz->label, n_workers,
-             transport);
-    snprintf(elog, sizeof(elog), "%s/echo-%s-x%d-%s.log", b->dir, sz->label, n_workers, transport);
-    make_endpoint(b, transport, "ps.sock", ps_ep, sizeof(ps_ep));
-    make_endpoint(b, transport, "echo.sock", echo_ep, sizeof(echo_ep));
-    char name[64];
-    snprintf(name, sizeof(name), "bench-ps-%s-x%d", sz->label, n_workers);
-    bench_job_t jf = {name, sz->in, sz->out, images, labels, n_workers, b->shards};
-    if (bench_write_idx(images, labels, IMAGES, sz->in) < 0 || bench_write_job(job, &jf) < 0) {
-        snprintf(res->error, sizeof(res->error), "cannot write the job files in %s", b->dir);
-        return;
+/* SIGTERM to the daemon first (its servers then let their parts go), then to the servers and
+ * the echo servers; what did not exit cleanly is said, with its log. */
+static void stop_children(case_run_t *c)
+{
+    children_t *ch = &c->ch;
+    int ds = bench_stop(ch->daemon, STOP_TIMEOUT_MS);
+    if (ds != 0 && ch->daemon > 0) {
+        fprintf(stderr, "bench_ps: omnivored %s (status %d)\n",
+                ds < 0 ? "did not stop within 10 s of SIGTERM and was killed" : "exited badly", ds);
+        print_log_tail(ch->dlog);
     }
+    for (int i = 0; i < c->n_servers; i++) {
+        int ss = bench_stop(ch->server[i], STOP_TIMEOUT_MS);
+        if (ss != 0 && ch->server[i] > 0) {
+            fprintf(stderr, "bench_ps: shard server %d exited with status %d\n", i, ss);
+            print_log_tail(ch->server_log[i]);
+        }
+    }
+    for (int l = 0; l < c->n_links; l++) {
+        int es = bench_stop(ch->echo[l], STOP_TIMEOUT_MS);
+        if (es != 0 && ch->echo[l] > 0)
+            fprintf(stderr, "bench_ps: echo server %d exited with status %d\n", l, es);
+    }
+}
 
-    /* The echo server tells us through a pipe when it is bound. */
+/* The echo servers (one per data link), the shard servers, then the daemon, with their
+ * endpoints and logs in c->ch. Returns 0, or -1 with res->error set. */
+static int start_children(case_run_t *c, const char *job, case_result_t *res)
+{
+    const bench_t *b = c->b;
+    children_t *ch = &c->ch;
+    char tag[96], log[600];
+    snprintf(tag, sizeof(tag), "%s-x%d-s%d-%s", c->size->label, c->n_workers, c->n_servers,
+             c->transport);
+    make_endpoint(b, c->transport, "ps.sock", ch->ps_ep, sizeof(ch->ps_ep));
+    snprintf(ch->ctl, sizeof(ch->ctl), "%s/control.sock", b->dir);
+    snprintf(ch->dlog, sizeof(ch->dlog), "%s/omnivored-%s.log", b->dir, tag);
+    /* Each echo server tells us through the pipe, one byte, when it is bound. */
     int ready[2];
     if (pipe(ready) != 0) {
         snprintf(res->error, sizeof(res->error), "pipe: %s", strerror(errno));
-        return;
+        return -1;
     }
     char fd_arg[16];
     snprintf(fd_arg, sizeof(fd_arg), "%d", ready[1]);
-    char *eargv[] = {b->self_exe, "--echo-server", echo_ep, fd_arg, NULL};
-    echo = bench_spawn(eargv, elog);
-    close(ready[1]);
-    char *dargv[] = {b->daemon,     "--once",    "--job",   job,           "--endpoint",
-                     ps_ep,         "--control", ctl,       "--state-dir", b->dir,
-                     "--log-level", "warn",      "--curve", "no", /* as the raw echo */
-                     NULL};
-    daemon = bench_spawn(dargv, dlog);
-    if (echo < 0 || daemon < 0) {
-        snprintf(res->error, sizeof(res->error), "cannot start a child: %s",
-                 strerror(-(echo < 0 ? echo : daemon)));
-        close(ready[0]);
-        goto out;
+    int r = 0;
+    for (int l = 0; l < c->n_links && r >= 0; l++) {
+        char name[32];
+        snprintf(name, sizeof(name), "echo%d.sock", l);
+        make_endpoint(b, c->transport, name, ch->echo_ep[l], sizeof(ch->echo_ep[l]));
+        snprintf(log, sizeof(log), "%s/echo%d-%s.log", b->dir, l, tag);
+        char *eargv[] = {(char *)b->self_exe, "--echo-server", ch->echo_ep[l], fd_arg, NULL};
+        r = ch->echo[l] = bench_spawn(eargv, log);
     }
-    struct pollfd pr = {ready[0], POLLIN, 0};
-    char byte;
-    if (poll(&pr, 1, START_TIMEOUT_MS) <= 0 || read(ready[0], &byte, 1) != 1) {
+    close(ready[1]);
+    for (int i = 0; i < c->n_servers && r >= 0; i++)
+        r = start_server(c, i, tag);
+    char *dargv[] = {(char *)b->daemon,
+                     "--once",
+                     "--job",
+                     (char *)job,
+                     "--endpoint",
+                     ch->ps_ep,
+                     "--control",
+                     ch->ctl,
+                     "--state-dir",
+                     (char *)b->dir,
+                     "--log-level",
+                     "warn",
+                     "--curve",
+                     "no", /* as the raw echo */
+                     NULL};
+    if (r >= 0)
+        r = ch->daemon = bench_spawn(dargv, ch->dlog);
+    if (r < 0) {
+        snprintf(res->error, sizeof(res->error), "cannot start a child: %s", strerror(-r));
         close(ready[0]);
-        snprintf(res->error, sizeof(res->error), "the echo server did not start on %s", echo_ep);
-        print_log_tail(elog);
-        goto out;
+        return -1;
+    }
+    char bytes[MAX_SERVERS];
+    size_t got = 0;
+    struct pollfd pr = {ready[0], POLLIN, 0};
+    while (got < (size_t)c->n_links && poll(&pr, 1, START_TIMEOUT_MS) > 0) {
+        ssize_t n = read(ready[0], bytes, (size_t)c->n_links - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
     }
     close(ready[0]);
-    fprintf(stderr, "bench_ps: %s x%d %s: omnivored pid %d on %s, echo pid %d on %s\n", sz->label,
-            n_workers, transport, (int)daemon, ps_ep, (int)echo, echo_ep);
+    if (got < (size_t)c->n_links) {
+        snprintf(res->error, sizeof(res->error), "%zu of %d echo servers started", got, c->n_links);
+        return -1;
+    }
+    fprintf(stderr, "bench_ps: %s: omnivored pid %d on %s, %d shard server(s), %d echo\n", tag,
+            (int)ch->daemon, ch->ps_ep, c->n_servers, c->n_links);
+    return 0;
+}
 
-    for (int i = 0; i < n_workers; i++) {
-        worker_t *w = &workers[i];
-        w->c = &c;
+/* Every worker registered, attached and holding step 0's parameters. */
+static int join_workers(case_run_t *c, case_result_t *res)
+{
+    for (int i = 0; i < c->n_workers; i++) {
+        worker_t *w = &c->w[i];
+        w->c = c;
         w->index = i;
         w->failed = 0;
         w->step = 0;
+        w->batch = 1;
         w->n_lat[0] = w->n_lat[1] = 0;
-        if (open_worker(w, ps_ep, echo_ep) < 0 || handshake(w, daemon) < 0) {
+        if (open_worker(w) < 0 || handshake(w) < 0) {
             snprintf(res->error, sizeof(res->error), "worker %d: %s", i, w->error);
-            print_log_tail(dlog);
-            goto out;
+            print_logs(c);
+            return -1;
         }
     }
     /* The job runs once every worker is registered: pull step 0 for all. */
-    for (int i = 0; i < n_workers; i++) {
-        worker_t *w = &workers[i];
-        omv_msg_t m = {.type = OMV_MSG_PULL};
-        m.u.pull = (omv_pull_t){w->worker_id, 0};
-        if (send_msg(w, w->ps, &m, NULL) < 0 || recv_params(w, 0) < 0) {
+    for (int i = 0; i < c->n_workers; i++) {
+        worker_t *w = &c->w[i];
+        if (send_pulls(w, 0) < 0 || recv_params(w, 0) < 0) {
             snprintf(res->error, sizeof(res->error), "worker %d: %s", i, w->error);
-            print_log_tail(dlog);
-            goto out;
+            print_logs(c);
+            return -1;
         }
     }
+    return 0;
+}
 
-    pthread_barrier_init(&c.start, NULL, (unsigned)n_workers + 1);
-    pthread_barrier_init(&c.end, NULL, (unsigned)n_workers + 1);
-    barriers = 1;
-    for (; threads < n_workers; threads++) {
-        if (pthread_create(&workers[threads].thread, NULL, worker_main, &workers[threads]) != 0) {
-            snprintf(res->error, sizeof(res->error), "pthread_create failed");
-            goto out;
-        }
-    }
-    /* Warm-up windows (both servers touch their buffers), then alternating measured ones. */
+/* Warm-up windows (both servers touch their buffers), then alternating measured ones: the
+ * medians and percentiles into res. Returns 0, or -1 with res->error set. */
+static int measure(case_run_t *c, float *scratch, case_result_t *res)
+{
+    const bench_t *b = c->b;
     double gbps[2][64], ups[2][64];
     int nw[2] = {0, 0};
     double win_s;
     uint64_t rts;
-    double bytes_rt = 2.0 * (double)sz->bytes;
+    double bytes_rt = 2.0 * (double)c->size->bytes;
     int r = 0;
     for (int mode = 0; mode < 2 && r == 0; mode++)
-        r = run_window(&c, mode, 0, b->seconds / 2, &win_s, &rts);
+        r = run_window(c, mode, 0, b->seconds / 2, &win_s, &rts);
     for (int rep = 0; rep < b->repeats && r == 0; rep++) {
         for (int k = 0; k < 2 && r == 0; k++) {
             int mode = (rep % 2 == 0) == (k == 0) ? MODE_RAW : MODE_PS;
-            r = run_window(&c, mode, 1, b->seconds, &win_s, &rts);
+            r = run_window(c, mode, 1, b->seconds, &win_s, &rts);
             if (r == 0 && nw[mode] < 64) {
                 gbps[mode][nw[mode]] = bytes_rt * (double)rts / win_s / 1e9;
                 ups[mode][nw[mode]] = (double)rts / win_s;
@@ -650,40 +904,112 @@ static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_s
         }
     }
     if (r < 0) {
-        for (int i = 0; i < n_workers; i++)
-            if (workers[i].failed) {
-                snprintf(res->error, sizeof(res->error), "worker %d: %s", i, workers[i].error);
+        for (int i = 0; i < c->n_workers; i++)
+            if (c->w[i].failed) {
+                snprintf(res->error, sizeof(res->error), "worker %d: %s", i, c->w[i].error);
                 break;
             }
         if (res->error[0] == '\0')
             snprintf(res->error, sizeof(res->error), "interrupted");
         if (interrupted == 0)
-            print_log_tail(dlog);
-        goto out;
+            print_logs(c);
+        return -1;
     }
     for (int mode = 0; mode < 2; mode++) {
         res->mode[mode].gbps = median(gbps[mode], nw[mode]);
         res->mode[mode].ups = median(ups[mode], nw[mode]);
-        percentiles(&c, mode, scratch, &res->mode[mode]);
+        percentiles(c, mode, scratch, &res->mode[mode]);
     }
+    return 0;
+}
 
-    /* Every push we made was applied (group clocks = our steps) and nothing was refused. */
+/* Whether the process behind control socket ctl counts `steps` group steps (its group clocks)
+ * and no refusals; what it says goes into clocks and refused (-1: no answer). */
+static int counts_match(const char *ctl, long long steps, long long *clocks, long long *refused)
+{
     omv_strbuf_t st;
     omv_strbuf_init(&st);
-    long long steps = 0;
-    for (int i = 0; i < n_workers; i++)
-        steps += (long long)workers[i].step;
-    int cr = bench_control_status(ctl, &st);
-    long long clocks = cr == 0 ? bench_json_array_sum(omv_strbuf_str(&st), "group_clocks") : -1;
-    long long refused = cr == 0 ? bench_json_int(omv_strbuf_str(&st), "refused_total") : -1;
-    res->verified = clocks == steps && refused == 0;
-    if (!res->verified)
-        fprintf(stderr,
-                "bench_ps: %s x%d %s: daemon reports group clocks summing to %lld and %lld "
-                "refusals; we pushed %lld steps (control: %s)\n",
-                sz->label, n_workers, transport, clocks, refused, steps,
-                cr == 0 ? "ok" : omv_strerror(cr));
+    int cr = bench_control(ctl, "status --json", &st);
+    *clocks = cr == 0 ? bench_json_array_sum(omv_strbuf_str(&st), "group_clocks") : -1;
+    *refused = cr == 0 ? bench_json_int(omv_strbuf_str(&st), "refused_total") : -1;
     omv_strbuf_fini(&st);
+    return *clocks == steps && *refused == 0;
+}
+
+/* Every push we made was applied (group clocks = our steps) and nothing was refused: by the
+ * daemon, or by the coordinator (which counts our step reports) and by every shard server (each
+ * applies its own shards). A coordinator may not have read our last reports yet: asked again
+ * for up to a second. */
+static void verify(case_run_t *c, case_result_t *res)
+{
+    long long steps = 0, clocks, refused;
+    for (int i = 0; i < c->n_workers; i++)
+        steps += (long long)c->w[i].step;
+    res->verified = 1;
+    for (int i = -1; i < c->n_servers; i++) {
+        const char *ctl = i < 0 ? c->ch.ctl : c->ch.server_ctl[i];
+        double deadline = now_s() + 1.0;
+        int ok;
+        while (!(ok = counts_match(ctl, steps, &clocks, &refused)) && refused == 0 &&
+               now_s() < deadline)
+            sleep_s(0.02);
+        if (!ok)
+            fprintf(stderr,
+                    "bench_ps: %s x%d s%d %s: %s reports group clocks summing to %lld and %lld "
+                    "refusals; we pushed %lld steps\n",
+                    c->size->label, c->n_workers, c->n_servers, c->transport,
+                    i < 0 ? "the daemon" : "a shard server", clocks, refused, steps);
+        res->verified = res->verified && ok;
+    }
+}
+
+static void run_case(bench_t *b, worker_t *workers, float *scratch, const size_spec_t *sz,
+                     int n_workers, int n_servers, const char *transport, case_result_t *res)
+{
+    memset(res, 0, sizeof(*res));
+    res->size = sz;
+    res->workers = n_workers;
+    res->servers = n_servers;
+    res->shards = b->shards > n_servers ? b->shards : n_servers;
+    res->transport = transport;
+    case_run_t c;
+    memset(&c, 0, sizeof(c));
+    c.b = b;
+    c.size = sz;
+    c.transport = transport;
+    c.n_workers = n_workers;
+    c.n_servers = n_servers;
+    c.n_links = n_servers > 0 ? n_servers : 1;
+    c.w = workers;
+    /* A window also lasts until every worker made this many round trips: 64 MiB x 8 workers
+     * takes seconds per round trip, so one is enough there. */
+    c.min_iters = b->quick || sz->bytes >= (16u << 20) ? 1 : 2;
+    int threads = 0, barriers = 0;
+
+    char job[512], images[512], labels[512], name[64];
+    snprintf(images, sizeof(images), "%s/images-%s.idx", b->dir, sz->label);
+    snprintf(labels, sizeof(labels), "%s/labels-%s.idx", b->dir, sz->label);
+    snprintf(job, sizeof(job), "%s/job-%s-x%d-s%d.ini", b->dir, sz->label, n_workers, n_servers);
+    snprintf(name, sizeof(name), "bench-ps-%s-x%d-s%d", sz->label, n_workers, n_servers);
+    bench_job_t jf = {name, sz->in, sz->out, images, labels, n_workers, res->shards, n_servers};
+    if (bench_write_idx(images, labels, IMAGES, sz->in) < 0 || bench_write_job(job, &jf) < 0) {
+        snprintf(res->error, sizeof(res->error), "cannot write the job files in %s", b->dir);
+        return;
+    }
+    if (start_children(&c, job, res) < 0 || join_workers(&c, res) < 0)
+        goto out;
+    pthread_barrier_init(&c.start, NULL, (unsigned)n_workers + 1);
+    pthread_barrier_init(&c.end, NULL, (unsigned)n_workers + 1);
+    barriers = 1;
+    for (; threads < n_workers; threads++) {
+        if (pthread_create(&workers[threads].thread, NULL, worker_main, &workers[threads]) != 0) {
+            snprintf(res->error, sizeof(res->error), "pthread_create failed");
+            goto out;
+        }
+    }
+    if (measure(&c, scratch, res) < 0)
+        goto out;
+    verify(&c, res);
     res->ok = 1;
 
 out:
@@ -699,14 +1025,7 @@ out:
     }
     for (int i = 0; i < n_workers; i++)
         close_worker(&workers[i]);
-    int ds = bench_stop(daemon, STOP_TIMEOUT_MS), es = bench_stop(echo, STOP_TIMEOUT_MS);
-    if (ds != 0 && daemon > 0) {
-        fprintf(stderr, "bench_ps: omnivored %s (status %d)\n",
-                ds < 0 ? "did not stop within 10 s of SIGTERM and was killed" : "exited badly", ds);
-        print_log_tail(dlog);
-    }
-    if (es != 0 && echo > 0)
-        fprintf(stderr, "bench_ps: the echo server exited with status %d\n", es);
+    stop_children(&c);
 }
 
 /* ---- options, output ---- */
@@ -747,13 +1066,14 @@ static void usage(FILE *f)
 {
     fprintf(f, "Usage: bench_ps [--quick] [--sizes 4k,1m,16m,64m] [--workers 1,2,8] "
                "[--transports tcp,ipc]\n"
-               "                [--seconds S] [--repeats R] [--shards N] [--daemon PATH] "
-               "[--keep]\n");
+               "                [--servers 1,2,4] [--seconds S] [--repeats R] [--shards N] "
+               "[--daemon PATH] [--keep]\n");
 }
 
 static int parse_args(bench_t *b, int argc, char **argv)
 {
     char sizes[256] = "4k,1m,16m,64m", workers[256] = "1,2,8", transports[256] = "tcp,ipc";
+    char servers[256] = "0";
     double seconds = -1;
     int repeats = -1;
     for (int i = 1; i < argc; i++) {
@@ -773,6 +1093,8 @@ static int parse_args(bench_t *b, int argc, char **argv)
             omv_strlcpy(sizes, v, sizeof(sizes)), i++;
         } else if (strcmp(a, "--workers") == 0) {
             omv_strlcpy(workers, v, sizeof(workers)), i++;
+        } else if (strcmp(a, "--servers") == 0) {
+            omv_strlcpy(servers, v, sizeof(servers)), i++;
         } else if (strcmp(a, "--transports") == 0) {
             omv_strlcpy(transports, v, sizeof(transports)), i++;
         } else if (strcmp(a, "--seconds") == 0) {
@@ -814,6 +1136,19 @@ static int parse_args(bench_t *b, int argc, char **argv)
         }
         b->workers[b->n_workers++] = w;
     }
+    n = split(servers, items, MAX_LIST);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        long sv = strtol(items[i], &end, 10);
+        if (*end != '\0' || sv < 0 || sv > MAX_SERVERS) {
+            fprintf(stderr,
+                    "bench_ps: servers '%s' is not in [0, %d] (0: the daemon holds the "
+                    "model)\n",
+                    items[i], MAX_SERVERS);
+            return -EINVAL;
+        }
+        b->servers[b->n_servers++] = (int)sv;
+    }
     static char transport_buf[256];
     omv_strlcpy(transport_buf, transports, sizeof(transport_buf));
     n = split(transport_buf, items, MAX_LIST);
@@ -824,7 +1159,7 @@ static int parse_args(bench_t *b, int argc, char **argv)
         }
         b->transports[b->n_transports++] = items[i];
     }
-    if (b->n_sizes <= 0 || b->n_workers <= 0 || b->n_transports <= 0) {
+    if (b->n_sizes <= 0 || b->n_workers <= 0 || b->n_servers <= 0 || b->n_transports <= 0) {
         usage(stderr);
         return -EINVAL;
     }
@@ -875,30 +1210,33 @@ static int report(const bench_t *b, const case_result_t *res, int n)
 {
     printf("\n# bench_ps: push+pull round trips through omnivored (ps) vs a raw ZeroMQ echo of "
            "the same frames (raw)\n");
-    printf("# %d shard(s); GB = 1e9 bytes, both directions; GB/s and upd/s: median of %d "
-           "window(s) of %.2f s; latency: one round trip\n",
+    printf("# max(%d, servers) shard(s); GB = 1e9 bytes, both directions; GB/s and upd/s: median "
+           "of %d window(s) of %.2f s; latency: one round trip\n",
            b->shards, b->repeats, b->seconds);
-    printf("%-7s %3s %-4s | %8s %9s %9s %9s | %8s %9s %9s %9s | %6s %6s %s\n", "size", "wk", "tr",
-           "raw GB/s", "p50 us", "p99 us", "upd/s", "ps GB/s", "p50 us", "p99 us", "upd/s",
-           "ps/raw", "p50x", "check");
+    printf("%-7s %3s %2s %-4s | %8s %9s %9s %9s | %8s %9s %9s %9s | %6s %6s %s\n", "size", "wk",
+           "sv", "tr", "raw GB/s", "p50 us", "p99 us", "upd/s", "ps GB/s", "p50 us", "p99 us",
+           "upd/s", "ps/raw", "p50x", "check");
     int all_ok = 1;
     for (int i = 0; i < n; i++) {
         const case_result_t *r = &res[i];
         if (!r->ok) {
             all_ok = 0;
-            printf("%-7s %3d %-4s | FAILED: %s\n", r->size->label, r->workers, r->transport,
-                   r->error);
+            printf("%-7s %3d %2d %-4s | FAILED: %s\n", r->size->label, r->workers, r->servers,
+                   r->transport, r->error);
             continue;
         }
         const mode_result_t *rw = &r->mode[MODE_RAW], *ps = &r->mode[MODE_PS];
-        printf("%-7s %3d %-4s | %8.3f %9.1f %9.1f %9.0f | %8.3f %9.1f %9.1f %9.0f | %6.2f %6.2f "
-               "%s\n",
-               r->size->label, r->workers, r->transport, rw->gbps, rw->p50_us, rw->p99_us, rw->ups,
-               ps->gbps, ps->p50_us, ps->p99_us, ps->ups, ps->gbps / rw->gbps,
+        printf("%-7s %3d %2d %-4s | %8.3f %9.1f %9.1f %9.0f | %8.3f %9.1f %9.1f %9.0f | %6.2f "
+               "%6.2f %s\n",
+               r->size->label, r->workers, r->servers, r->transport, rw->gbps, rw->p50_us,
+               rw->p99_us, rw->ups, ps->gbps, ps->p50_us, ps->p99_us, ps->ups, ps->gbps / rw->gbps,
                ps->p50_us / rw->p50_us, r->verified ? "ok" : "MISMATCH");
     }
-    printf("# ps/raw: GB/s ratio; p50x: ps p50 latency over raw p50 latency; check: the daemon's "
-           "group clocks equal our pushes, no refusals\n");
+    printf("# sv: shard servers the model is on (0: the daemon holds it), and as many raw echo "
+           "servers, each echoing its servers' shards (one for sv 0)\n"
+           "# ps/raw: GB/s ratio; p50x: ps p50 latency over raw p50 latency; check: the daemon's "
+           "(with sv > 0 the coordinator's and every shard server's) group clocks equal our "
+           "pushes, no refusals\n");
 
     omv_strbuf_t j;
     omv_strbuf_init(&j);
@@ -908,7 +1246,10 @@ static int report(const bench_t *b, const case_result_t *res, int n)
                       "\"gbps_1mib\":%.2f,\"rt_4kib_us\":%.0f}",
                       b->shards, b->seconds, b->repeats, b->quick ? "true" : "false", GOAL_RATIO,
                       GOAL_GBPS, GOAL_SMALL_US);
-    omv_strbuf_printf(&j, ",\"cpus\":%ld,\"daemon\":", sysconf(_SC_NPROCESSORS_ONLN));
+    omv_strbuf_append(&j, ",\"servers\":[", 12);
+    for (int i = 0; i < b->n_servers; i++)
+        omv_strbuf_printf(&j, "%s%d", i ? "," : "", b->servers[i]);
+    omv_strbuf_printf(&j, "],\"cpus\":%ld,\"daemon\":", sysconf(_SC_NPROCESSORS_ONLN));
     omv_strbuf_json_string(&j, b->daemon);
     omv_strbuf_append(&j, ",\"cases\":[", 10);
     printf("\n# goals (issue 4): 1 MiB ps >= %.1f x raw and >= %.1f GB/s; 4 KiB round trip "
@@ -920,9 +1261,11 @@ static int report(const bench_t *b, const case_result_t *res, int n)
         const mode_result_t *rw = &r->mode[MODE_RAW], *ps = &r->mode[MODE_PS];
         omv_strbuf_printf(&j,
                           "%s{\"size\":\"%s\",\"size_bytes\":%zu,\"layers\":[%u,%u],"
-                          "\"workers\":%d,\"transport\":\"%s\",\"ok\":%s",
+                          "\"workers\":%d,\"servers\":%d,\"shards\":%d,\"echo_servers\":%d,"
+                          "\"transport\":\"%s\",\"ok\":%s",
                           first ? "" : ",", r->size->label, r->size->bytes, r->size->in,
-                          r->size->out, r->workers, r->transport, r->ok ? "true" : "false");
+                          r->size->out, r->workers, r->servers, r->shards,
+                          r->servers > 0 ? r->servers : 1, r->transport, r->ok ? "true" : "false");
         first = 0;
         if (!r->ok) {
             omv_strbuf_append(&j, ",\"error\":", 9);
@@ -938,8 +1281,8 @@ static int report(const bench_t *b, const case_result_t *res, int n)
                           r->verified ? "true" : "false");
         if (r->size->bytes == 1 << 20) {
             int pass_ratio = ps->gbps >= GOAL_RATIO * rw->gbps, pass_gbps = ps->gbps >= GOAL_GBPS;
-            printf("1MiB x%d %s: ps/raw %.2f (goal %.1f: %s), ps %.3f GB/s (goal %.1f: %s)\n",
-                   r->workers, r->transport, ps->gbps / rw->gbps, GOAL_RATIO,
+            printf("1MiB x%d s%d %s: ps/raw %.2f (goal %.1f: %s), ps %.3f GB/s (goal %.1f: %s)\n",
+                   r->workers, r->servers, r->transport, ps->gbps / rw->gbps, GOAL_RATIO,
                    pass_ratio ? "met" : "MISSED", ps->gbps, GOAL_GBPS,
                    pass_gbps ? "met" : "MISSED");
             omv_strbuf_printf(&j, ",\"goal_ratio_met\":%s,\"goal_gbps_met\":%s",
@@ -947,8 +1290,9 @@ static int report(const bench_t *b, const case_result_t *res, int n)
         }
         if (r->size->bytes == 4096) {
             int pass = ps->p50_us < GOAL_SMALL_US;
-            printf("4KiB x%d %s: ps round trip p50 %.1f us, p99 %.1f us (goal p50 < %.0f: %s)\n",
-                   r->workers, r->transport, ps->p50_us, ps->p99_us, GOAL_SMALL_US,
+            printf("4KiB x%d s%d %s: ps round trip p50 %.1f us, p99 %.1f us (goal p50 < %.0f: "
+                   "%s)\n",
+                   r->workers, r->servers, r->transport, ps->p50_us, ps->p99_us, GOAL_SMALL_US,
                    pass ? "met" : "MISSED");
             omv_strbuf_printf(&j, ",\"goal_rt_met\":%s", pass ? "true" : "false");
         }
@@ -991,7 +1335,7 @@ int main(int argc, char **argv)
         largest = b.sizes[i].bytes > largest ? b.sizes[i].bytes : largest;
     for (int i = 0; i < b.n_workers; i++)
         most = b.workers[i] > most ? b.workers[i] : most;
-    int n_cases = b.n_sizes * b.n_workers * b.n_transports;
+    int n_cases = b.n_sizes * b.n_workers * b.n_servers * b.n_transports;
     b.zeros = malloc(largest);
     worker_t *workers = calloc((size_t)most, sizeof(worker_t));
     float *scratch = malloc((size_t)most * LAT_CAP * sizeof(float));
@@ -1013,14 +1357,16 @@ int main(int argc, char **argv)
     int n = 0;
     for (int s = 0; s < b.n_sizes && !interrupted; s++)
         for (int w = 0; w < b.n_workers && !interrupted; w++)
-            for (int t = 0; t < b.n_transports && !interrupted; t++) {
-                double t0 = now_s();
-                case_result_t *r = &res[n++];
-                run_case(&b, workers, scratch, &b.sizes[s], b.workers[w], b.transports[t], r);
-                fprintf(stderr, "bench_ps: [%d/%d] %s x%d %s: %s (%.1f s)\n", n, n_cases,
-                        b.sizes[s].label, b.workers[w], b.transports[t], r->ok ? "done" : r->error,
-                        now_s() - t0);
-            }
+            for (int v = 0; v < b.n_servers && !interrupted; v++)
+                for (int t = 0; t < b.n_transports && !interrupted; t++) {
+                    double t0 = now_s();
+                    case_result_t *r = &res[n++];
+                    run_case(&b, workers, scratch, &b.sizes[s], b.workers[w], b.servers[v],
+                             b.transports[t], r);
+                    fprintf(stderr, "bench_ps: [%d/%d] %s x%d s%d %s: %s (%.1f s)\n", n, n_cases,
+                            b.sizes[s].label, b.workers[w], b.servers[v], b.transports[t],
+                            r->ok ? "done" : r->error, now_s() - t0);
+                }
     int all_ok = report(&b, res, n) && n == n_cases;
     if (b.keep)
         fprintf(stderr, "bench_ps: kept %s\n", b.dir);

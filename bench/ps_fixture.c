@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -152,7 +153,7 @@ int bench_echo_main(const char *endpoint, int ready_fd)
 
 /* ---- the daemon's control socket ---- */
 
-int bench_control_status(const char *path, omv_strbuf_t *out)
+int bench_control(const char *path, const char *command, omv_strbuf_t *out)
 {
     struct sockaddr_un a;
     memset(&a, 0, sizeof(a));
@@ -167,8 +168,9 @@ int bench_control_status(const char *path, omv_strbuf_t *out)
         r = -errno;
         goto out;
     }
-    static const char req[] = "status --json\n";
-    if (send(fd, req, sizeof(req) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(req) - 1) {
+    char req[256];
+    int len = snprintf(req, sizeof(req), "%s\n", command);
+    if (len < 0 || (size_t)len >= sizeof(req) || send(fd, req, (size_t)len, MSG_NOSIGNAL) != len) {
         r = -EIO;
         goto out;
     }
@@ -271,11 +273,11 @@ int bench_write_job(const char *path, const bench_job_t *job)
             "[data]\ntrain_images = %s\ntrain_labels = %s\ntest_images = %s\ntest_labels = %s\n"
             "[train]\nbatch_size = 1\nlearning_rate = 0.01\nmomentum = 0.9\nweight_decay = 0\n"
             "[cluster]\nworkers = %d\ngroups = %d\nstaleness = none\nshards = %d\nwire = fp32\n"
-            "worker_timeout_s = 3600\n"
+            "servers = %d\nworker_timeout_s = 3600\n"
             "[eval]\nevery_epochs = 0\nprogress_interval_s = 3600\n"
             "[checkpoint]\nevery_s = 0\nresume = no\n",
             job->name, job->in, job->out, job->images, job->labels, job->images, job->labels,
-            job->workers, job->workers, job->shards);
+            job->workers, job->workers, job->shards, job->servers);
     return fclose(f) == 0 ? 0 : -EIO;
 }
 
@@ -290,7 +292,11 @@ void bench_remove_dir(const char *dir)
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        unlink(path);
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
+            bench_remove_dir(path);
+        else
+            unlink(path);
     }
     closedir(d);
     rmdir(dir);

@@ -27,9 +27,10 @@ int bench_free_port(void);
  * Returns the process's exit code. */
 int bench_echo_main(const char *endpoint, int ready_fd);
 
-/* Asks the daemon's control socket at path for `status --json`; appends the raw reply ("ok\n"
- * and the JSON) to out. Returns 0, -EPROTO for a reply that is not ok, or -errno. */
-int bench_control_status(const char *path, omv_strbuf_t *out);
+/* Sends command (a control line without its newline, e.g. "status --json") to the daemon's
+ * control socket at path; appends the raw reply ("ok\n" and the JSON) to out. Returns 0, -EPROTO
+ * for a reply that is not ok, or -errno. */
+int bench_control(const char *path, const char *command, omv_strbuf_t *out);
 
 /* The integer after "key": in a JSON text, or -1. */
 long long bench_json_int(const char *text, const char *key);
@@ -46,6 +47,7 @@ typedef struct {
     const char *images, *labels; /* used for training and test data alike */
     int workers;                 /* each its own group */
     int shards;
+    int servers; /* [cluster] servers: shard servers the model is spread over; 0: none */
 } bench_job_t;
 
 /* A job file that the bench never finishes: one group per worker, no staleness bound, the most
@@ -53,5 +55,5 @@ typedef struct {
  * dead only after the longest timeout allowed. Returns 0 or -errno. */
 int bench_write_job(const char *path, const bench_job_t *job);
 
-/* Removes the folder dir and the files in it (not subfolders). */
+/* Removes the folder dir and what is in it, subfolders too (the shard servers' state). */
 void bench_remove_dir(const char *dir);
