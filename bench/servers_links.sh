@@ -8,7 +8,8 @@
 # (gloo) on the same links, when python3-torch is there. Medians of RUNS interleaved runs.
 # Needs root (skips otherwise).
 # Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS from
-# the environment)
+# the environment; a server count with r, as SERVERS="2 2r", runs [cluster] replicas = 2 with a
+# backup of each range on a host of its own: 2r takes 4 server hosts)
 set -eu
 build=${1:-build}
 RUNS=${RUNS:-3} RATES=${RATES:-"1gbit 200mbit"} SERVERS=${SERVERS:-"0 1 2 4"}
@@ -59,12 +60,13 @@ shape() { # every host's link, both ends
 }
 on() { h=$1 log=$2; shift 2; ip netns exec "$p-$h" "$@" >"$log" 2>&1 & pids="$pids $!"; }
 val() { sed -n "s/^$1://p" "$tmp/status" | head -1; }
-one_run() { # one_run SERVERS: prints "images_per_second test_accuracy"
-    n=$1 sock=$tmp/c.sock
+one_run() { # one_run SERVERS (2r: 2 servers with replicas = 2): prints "images_per_second test_accuracy"
+    n=${1%r} reps=1 nhosts=${1%r} sock=$tmp/c.sock
+    [ "$1" = "${1%r}" ] || { reps=2 nhosts=$((2 * n)); }
     rm -rf "$tmp/state" && mkdir "$tmp/state"
     on head "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
         --endpoint tcp://10.79.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
-        --log-level warn --curve no --set cluster.servers="$n" \
+        --log-level warn --curve no --set cluster.servers="$n" --set cluster.replicas="$reps" \
         --set cluster.shards="$SHARDS" --set model.layers="784 $HIDDEN 10" \
         --set train.batch_size=128 --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" \
         --set eval.every_epochs=0 --set checkpoint.every_s=0
@@ -72,7 +74,7 @@ one_run() { # one_run SERVERS: prints "images_per_second test_accuracy"
     until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
         k=$((k + 1)); [ $k -lt 100 ] || { echo "omnivored did not start:" >&2; cat "$tmp/d.log" >&2; exit 1; }; sleep 0.1
     done
-    for i in $(seq "$n"); do
+    for i in $(seq "$nhosts"); do
         on "s$i" "$tmp/s$i.log" "$daemon" --role shard --coordinator tcp://10.79.0.1:5555 \
             --endpoint "tcp://10.79.0.$(addr "s$i"):5556" --control "$tmp/s$i.sock" \
             --state-dir "$tmp/state" --log-level warn --curve no
