@@ -143,7 +143,9 @@ static void on_server_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_h
     send_to(d, peer, &w);
     omv_log_info("shard server %u (%s) registered: workers reach it at %s", w.u.welcome.worker_id,
                  who, s->endpoint);
-    if (d->run && omv_run_wants_servers(d->run) && omv_run_add_server(d->run, s)) {
+    if (d->run && !omv_run_wants_servers(d->run)) {
+        omv_run_take_backup(d->run);
+    } else if (d->run && omv_run_add_server(d->run, s)) {
         /* The job has its servers: the trainers that waited register again, into it. */
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "job '%s' has its shard servers: register again",

@@ -225,6 +225,7 @@ static void backup_cut(omv_daemon_t *d, const omv_server_msg_t *u)
     d->defer_on = 1;
     d->defer_n_groups = u->n_groups < OMV_WIRE_MAX_CLOCKS ? u->n_groups : OMV_WIRE_MAX_CLOCKS;
     memcpy(d->defer_clocks, u->clocks, d->defer_n_groups * sizeof(uint64_t));
+    omv_run_backup_cut(d->run, d->defer_clocks, d->defer_n_groups);
     omv_part_poll(d);
 }
 
@@ -319,6 +320,10 @@ void omv_part_poll(omv_daemon_t *d)
     }
     memmove(d->deferred, d->deferred + i, (d->n_deferred - i) * sizeof(d->deferred[0]));
     d->n_deferred -= i;
+    if (!d->defer_on && d->run) {
+        omv_run_backup_cut(d->run, NULL, 0); /* the held pushes of the cut's steps may go */
+        omv_run_progress(d->run);
+    }
 }
 
 static void on_up_message(omv_daemon_t *d, const omv_msg_t *m)

@@ -977,6 +977,20 @@ static void count_step(omv_run_t *r, member_t *m, uint32_t group, const omv_push
 /* Takes a push whose payload is in *held (NULL: the router's last message). */
 static void push_with(omv_run_t *r, member_t *m, const omv_push_t *p, omv_payload_t *held);
 
+/* Whether a backup at a cut must keep group g's push for step back until the cut's orders. */
+static int backup_beyond_cut(const omv_run_t *r, int g, uint64_t step)
+{
+    return r->backup_cut_on && g >= 0 && (uint32_t)g < r->backup_cut_n && step >= r->backup_cut[g];
+}
+
+void omv_run_backup_cut(omv_run_t *r, const uint64_t *clocks, uint32_t n)
+{
+    r->backup_cut_on = clocks != NULL;
+    r->backup_cut_n = n < OMV_WIRE_MAX_CLOCKS ? n : OMV_WIRE_MAX_CLOCKS;
+    for (uint32_t g = 0; clocks && g < r->backup_cut_n; g++)
+        r->backup_cut[g] = clocks[g];
+}
+
 /* A backup takes its pushes from the workers, as its primary does, but it may see a worker's
  * push for the next step before another's for this one (they come over different links): such
  * a push, and every later one of the same worker, waits for its step. Returns whether it was
@@ -988,7 +1002,7 @@ static int backup_hold(omv_run_t *r, member_t *m, const omv_push_t *p)
     int behind = 0;
     for (uint32_t i = 0; i < r->n_held && !behind; i++)
         behind = r->held[i].worker_id == id;
-    if (!behind && r->state != JOB_WAITING &&
+    if (!behind && r->state != JOB_WAITING && !backup_beyond_cut(r, g, p->step) &&
         (g < 0 || p->step <= omv_groups_clock(r->groups, (uint32_t)g)))
         return 0;
     if (r->held == NULL)
@@ -1020,7 +1034,8 @@ static void backup_release(omv_run_t *r)
         for (uint32_t k = 0; k < n_blocked && !wait; k++)
             wait = blocked[k] == h.worker_id;
         if (!wait && g >= 0 &&
-            (r->state == JOB_WAITING || h.push.step > omv_groups_clock(r->groups, (uint32_t)g)))
+            (r->state == JOB_WAITING || backup_beyond_cut(r, g, h.push.step) ||
+             h.push.step > omv_groups_clock(r->groups, (uint32_t)g)))
             wait = 1;
         if (g < 0) {
             omv_payload_close(&h.payload); /* gone meanwhile */
@@ -1487,6 +1502,7 @@ void omv_run_cron(omv_run_t *r)
     omv_timeline_tick(&r->timeline, &now);
     tuner_poll(r);
     failover_settle(r);
+    omv_run_take_backup(r); /* a free server that came while a cut was under way */
 }
 
 /* ---- making and freeing ---- */
@@ -2225,6 +2241,21 @@ static void failover_settle(omv_run_t *r)
     send_failover_op(r, OMV_SERVER_CUT);
 }
 
+int omv_run_take_backup(omv_run_t *r)
+{
+    if (!remote(r) || r->job.replicas < 2 || r->state != JOB_RUNNING || r->failover || r->rewind ||
+        r->cut_phase != 0 || r->n_backups >= (uint32_t)r->job.servers ||
+        omv_servers_free(r->env.servers) == 0 || !start_failover(r))
+        return 0;
+    /* Every primary is there: an ordinary cut, made again with the newcomer as a backup. */
+    r->failover = 3;
+    r->env.servers->failovers_total--;
+    omv_log_info("job '%s': a free shard server can keep a backup (%u of %lld ranges have one): "
+                 "the run is cut and made again with it",
+                 r->job.name, r->n_backups, (long long)r->job.servers);
+    return 1;
+}
+
 /* The failover's cut is in: a checkpoint of it, and the run made again from it. */
 static void failover_done(omv_run_t *r)
 {
@@ -2234,8 +2265,9 @@ static void failover_done(omv_run_t *r)
     uint64_t steps = 0;
     for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
         steps = r->cut_clocks[g] > steps ? r->cut_clocks[g] : steps;
-    snprintf(r->rewind_reason, sizeof(r->rewind_reason),
-             "failover: the ranges' holders were cut at step %llu in %lld ms%s",
+    snprintf(r->rewind_reason, sizeof(r->rewind_reason), "%s at step %llu in %lld ms%s",
+             r->failover == 3 ? "a new backup: the servers were cut"
+                              : "failover: the ranges' holders were cut",
              (unsigned long long)steps, (long long)(omv_time_ms() - r->failover_ms),
              e < 0 ? "; its checkpoint failed: the last one is used" : "");
     omv_log_warn("job '%s': %s; it goes on from there over the servers left", r->job.name,

@@ -139,7 +139,8 @@ typedef struct {
      * from, over the servers left. */
     uint32_t backup_ids[OMV_WIRE_MAX_SERVERS];
     uint32_t n_backups, backups_wanted;
-    int failover; /* 1: a primary is gone (its backup holds its range), 2: only a backup */
+    int failover; /* 1: a primary is gone (its backup holds its range), 2: only a backup, 3: a
+                   * free server comes to keep a backup */
     int64_t failover_ms, failover_quiet_ms;
     uint64_t failover_sig;
     uint32_t holder_ids[OMV_WIRE_MAX_SERVERS];
@@ -165,6 +166,11 @@ typedef struct {
     omv_run_held_t *held; /* a backup's pushes waiting for their step [OMV_RUN_HELD_MAX] */
     uint32_t n_held;
     int backup_broken; /* more waited than it holds: it no longer follows its primary */
+    /* A backup at a cut: pushes for the cut's steps and later wait until the coordinator's
+     * orders at the cut are carried out here too. */
+    int backup_cut_on;
+    uint32_t backup_cut_n;
+    uint64_t backup_cut[OMV_WIRE_MAX_CLOCKS];
     /* A server of the job is gone and no replica holds its shards: the daemon makes the run
      * again from its last checkpoint (omv_schedule_poll), why says why. */
     int rewind, rewind_degraded; /* degraded: with the servers left, not waiting for more */
@@ -225,6 +231,9 @@ int omv_run_wants_servers(const omv_run_t *self);
 /* Takes server s (free, alive) for the job; once it has all it waits for, assigns their
  * ranges and sends them the job. Returns 1 when the job has all its servers now. */
 int omv_run_add_server(omv_run_t *self, omv_server_t *s);
+/* A free shard server is there and a range of the running job has no backup: the servers are
+ * cut and the run made again from the cut with it. Returns whether that began. */
+int omv_run_take_backup(omv_run_t *self);
 /* A worker's report of a step whose gradients went to the shard servers. */
 void omv_run_report(omv_run_t *self, member_t *m, const omv_step_report_t *rep);
 /* A server's range of the model, asked for by a gather. */
@@ -257,6 +266,9 @@ void omv_run_part_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint
                       int no_ranges);
 void omv_run_part_resume(omv_run_t *self, const omv_server_msg_t *u, const void *payload,
                          size_t bytes);
+/* A backup at a cut (clocks[n]; NULL: the cut's orders are carried out): pushes from the cut's
+ * steps on wait. */
+void omv_run_backup_cut(omv_run_t *self, const uint64_t *clocks, uint32_t n);
 /* A failover's cut: begin nothing more, apply the steps up to clocks[n] (every member reported
  * them), and send the range. */
 void omv_run_part_failover_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n);

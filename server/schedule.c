@@ -102,8 +102,8 @@ static void rewind_run(omv_daemon_t *d)
     omv_strlcpy(q.sets, submitted ? d->jobs->current_sets : "", sizeof(q.sets));
     char why[OMV_WIRE_REASON_MAX];
     snprintf(why, sizeof(why),
-             "job '%s' goes on from its %s (a shard server is gone): register again", run->job.name,
-             run->rewind_degraded ? "failover's cut" : "last checkpoint");
+             "job '%s' goes on from %s, over its shard servers anew: register again", run->job.name,
+             run->rewind_degraded ? "a cut of now" : "its last checkpoint");
     omv_members_stop_all(d->members, d->router, MEMBER_ALIVE, MEMBER_DONE, why, 1);
     uint64_t id = q.id;
     char name[64];

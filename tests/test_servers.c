@@ -841,15 +841,16 @@ START_TEST(test_servers_failover)
      * the workers push to as well. The primary of the second range is SIGKILLed mid-run. The
      * coordinator cuts the ranges' holders (the other primary, and the dead one's backup) at
      * the steps every worker reported, writes that cut as a checkpoint, and makes the run
-     * again from it over the 3 servers left; nothing is trained twice or lost. The job,
-     * which writes no periodic checkpoints, ends with the model one daemon gives without any
-     * failure, bit for bit. */
+     * again from it over the 3 servers left; nothing is trained twice or lost. A replacement
+     * server that registers then is made the backup of the range that lost its own, at
+     * another cut. The job, which writes no periodic checkpoints, ends with the model one
+     * daemon gives without any failure, bit for bit. */
     model_section = "layers = 64 32 4";
-    write_job(2, 30, "groups = 1\nstaleness = none");
+    write_job(2, 60, "groups = 1\nstaleness = none");
     omv_checkpoint_t one, spread;
     train_on_one(&one);
     coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
-    write_job(2, 30,
+    write_job(2, 60,
               "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\n"
               "[checkpoint]\nevery_s = 0");
     pid_t d = start_coordinator("servers");
@@ -863,11 +864,21 @@ START_TEST(test_servers_failover)
     double at_kill = wait_status("images_total", 0, 1000);
     kill(s[victim], SIGKILL);
     waitpid(s[victim], NULL, 0);
+    /* Once the job goes on over the 3 left, a replacement registers: it is made the backup of
+     * the range that has none, at another cut. */
     omv_strbuf_t body;
     omv_strbuf_init(&body);
+    for (int64_t until = omv_time_ms() + 30000; omv_time_ms() < until;) {
+        control("servers", &body);
+        if (field(omv_strbuf_str(&body), "failovers_total") == 1)
+            break;
+        sleep_ms(50);
+    }
+    wait_status("steps_total", at_kill / 32 + 50, 30000);
+    double back_to = resumed_images();
+    s[victim] = start_shard(victim);
     wait_done_or_dump(&body, 4);
     omv_strbuf_fini(&body);
-    double back_to = resumed_images();
     ck_assert_msg(back_to >= at_kill, "killed at %.0f images, went back to %.0f", at_kill, back_to);
     omv_strbuf_t srv;
     omv_strbuf_init(&srv);
@@ -880,11 +891,11 @@ START_TEST(test_servers_failover)
     snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
     read_file(log, text, sizeof(text));
     ck_assert_msg(has_text(text, "go on from their backup") &&
-                      has_text(text, "failover: the ranges' holders were cut at step"),
-                  "%s", text);
+                      has_text(text, "failover: the ranges' holders were cut at step") &&
+                      has_text(text, "a new backup: the servers were cut at step"),
+                  "%s", text + (strlen(text) > 3000 ? strlen(text) - 3000 : 0));
     for (int i = 0; i < 4; i++)
-        if (i != victim)
-            stop_shard(s[i], i, text, sizeof(text));
+        stop_shard(s[i], i, text, sizeof(text));
     read_final("servers", &spread);
     same_model(&one, &spread);
     omv_checkpoint_fini(&one);
