@@ -177,6 +177,9 @@ enum {
     OMV_SERVER_RECONFIG_PROBING = 16, /* from the cut on, steps are the optimizer's probe's */
 };
 
+/* SERVER_STATS's state: the server dropped its part (the coordinator takes it for lost). */
+enum { OMV_SERVER_STATS_DROPPED = 1 };
+
 /* SERVER_MEMBER's state. */
 enum { OMV_SERVER_MEMBER_ALIVE = 0, OMV_SERVER_MEMBER_LEFT = 1, OMV_SERVER_MEMBER_DEAD = 2 };
 

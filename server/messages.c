@@ -113,7 +113,9 @@ static void server_restarted(omv_daemon_t *d, const omv_peer_t *peer, const omv_
         omv_server_t *s = &d->servers.rec[i];
         if (!s->used || !s->alive || s->run_id == 0 || strcmp(s->endpoint, h->endpoint) != 0)
             continue;
-        /* A server says hello only while it holds nothing. */
+        if (s->pid == h->pid && s->peer.len == peer->len &&
+            memcmp(s->peer.id, peer->id, peer->len) == 0)
+            continue; /* the same process's hello again (sent while we were away) */
         omv_log_warn("shard server %u (%s) registers again as pid %u (was %u): the part it held "
                      "is gone",
                      i + 1, s->endpoint, h->pid, s->pid);
@@ -274,6 +276,14 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     s->last_seen_ms = omv_time_ms();
     if (msg->type == OMV_MSG_HEARTBEAT) {
         send_to(d, peer, msg);
+    } else if (msg->u.server.op == OMV_SERVER_STATS &&
+               msg->u.server.state == OMV_SERVER_STATS_DROPPED) {
+        omv_log_warn("shard server %u (%s) dropped its part: it is taken for gone", id,
+                     s->endpoint);
+        if (s->run_id != 0)
+            lose_server(d, s);
+        s->alive = 1; /* it stays registered, free, and is not taken again at once */
+        s->joined_ms = omv_time_ms();
     } else if (msg->u.server.op == OMV_SERVER_STATS) {
         /* Its heartbeat: answered, so that it knows the coordinator is alive too. */
         omv_servers_stats(s, &msg->u.server);

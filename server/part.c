@@ -226,7 +226,6 @@ static void backup_cut(omv_daemon_t *d, const omv_server_msg_t *u)
     d->defer_n_groups = u->n_groups < OMV_WIRE_MAX_CLOCKS ? u->n_groups : OMV_WIRE_MAX_CLOCKS;
     memcpy(d->defer_clocks, u->clocks, d->defer_n_groups * sizeof(uint64_t));
     omv_run_backup_cut(d->run, d->defer_clocks, d->defer_n_groups);
-    omv_part_poll(d);
 }
 
 /* A backup keeps up with its primary from the workers' pushes alone, which may come later than
@@ -235,7 +234,7 @@ static void backup_cut(omv_daemon_t *d, const omv_server_msg_t *u)
 static int backup_defers(omv_daemon_t *d, const omv_server_msg_t *u, const void *payload,
                          size_t bytes)
 {
-    if (d->run == NULL || !d->run->part.backup || !d->defer_on)
+    if (d->run == NULL || !d->run->part.backup || !d->defer_on || u->failover)
         return 0;
     if (u->op == OMV_SERVER_MEMBER && u->state != OMV_SERVER_MEMBER_ALIVE)
         return 0; /* a death may be what the cut's steps wait for */
@@ -247,6 +246,7 @@ static int backup_defers(omv_daemon_t *d, const omv_server_msg_t *u, const void 
         omv_log_error("backup of shards [%u, %u): more orders wait for the cut than it keeps; "
                       "it no longer follows its primary",
                       d->run->part.first, d->run->part.last);
+        d->run->part_broken = 1;
         return 1;
     }
     if (bytes)
@@ -283,9 +283,15 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
             omv_run_part_freeze(d->run, u->gather_id);
         break;
     case OMV_SERVER_CUT:
-        if (d->run && u->failover)
+        if (d->run && u->failover) {
+            /* What waited for an earlier cut is for a run the coordinator makes again. */
+            for (uint32_t i = 0; i < d->n_deferred; i++)
+                free(d->deferred[i].payload);
+            d->n_deferred = 0;
+            d->defer_on = 0;
+            omv_run_backup_cut(d->run, NULL, 0);
             omv_run_part_failover_cut(d->run, u->gather_id, u->clocks, u->n_groups);
-        else if (d->run && backup)
+        } else if (d->run && backup)
             backup_cut(d, u);
         else if (d->run)
             omv_run_part_cut(d->run, u->gather_id, u->clocks, u->n_groups, u->no_ranges);
@@ -299,27 +305,36 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
     }
 }
 
+/* The part can no longer be trusted (a backup that lost track of its primary, a change that
+ * does not fit): it goes, and the coordinator is told, which fails over or goes back. */
+static void part_broken(omv_daemon_t *d)
+{
+    omv_msg_t m = {.type = OMV_MSG_SERVER};
+    m.u.server.op = OMV_SERVER_STATS;
+    m.u.server.server_id = d->server_id;
+    m.u.server.state = OMV_SERVER_STATS_DROPPED;
+    drop_part(d, "this server can no longer hold its part as the coordinator has it");
+    up_send(d, &m);
+}
+
 void omv_part_poll(omv_daemon_t *d)
 {
-    if (d->run && d->run->backup_broken) {
-        /* The coordinator takes a server that registers again for gone, and fails over. */
-        drop_part(d, "this backup can no longer follow its primary");
-        d->server_id = 0;
+    if (d->run && d->run->part_broken) {
+        part_broken(d);
         return;
     }
     if (!d->defer_on || d->run == NULL ||
         !omv_run_part_caught_up(d->run, d->defer_clocks, d->defer_n_groups))
         return;
-    /* The cut's steps are in: what waited for them, in order, up to the next cut. */
+    /* The cut's steps are in: what waited for them, in order, up to the next cut. Each is off
+     * the queue before it is carried out (a replayed CUT defers what follows again). */
     d->defer_on = 0;
-    uint32_t i = 0;
-    while (i < d->n_deferred && !d->defer_on) {
-        omv_part_deferred_t *q = &d->deferred[i++];
-        on_server(d, &q->msg, q->payload, q->bytes);
-        free(q->payload);
+    while (d->n_deferred > 0 && !d->defer_on && d->run) {
+        omv_part_deferred_t q = d->deferred[0];
+        memmove(d->deferred, d->deferred + 1, --d->n_deferred * sizeof(d->deferred[0]));
+        on_server(d, &q.msg, q.payload, q.bytes);
+        free(q.payload);
     }
-    memmove(d->deferred, d->deferred + i, (d->n_deferred - i) * sizeof(d->deferred[0]));
-    d->n_deferred -= i;
     if (!d->defer_on && d->run) {
         omv_run_backup_cut(d->run, NULL, 0); /* the held pushes of the cut's steps may go */
         omv_run_progress(d->run);

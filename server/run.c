@@ -24,6 +24,8 @@ static void cut_checkpoint(omv_run_t *r);
 static void part_cut_check(omv_run_t *r);
 static void admit_joins(omv_run_t *r);
 static void failover_done(omv_run_t *r);
+static void failover_abandon(omv_run_t *r, const char *why);
+static void cut_resume(omv_run_t *r);
 static void failover_settle(omv_run_t *r);
 
 /* A coordinator whose job's model is on shard servers. */
@@ -926,6 +928,11 @@ static int push_fits(omv_run_t *r, member_t *m, const omv_push_t *p, const char 
         omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_SHAPE, who, why);
         return 0;
     }
+    int g = omv_groups_of(r->groups, m->slot);
+    if (r->is_part && r->failover_cut && g >= 0 && p->step >= r->cut_clocks[g]) {
+        r->late_total++; /* past a failover's cut: the coordinator leaves it out too */
+        return 0;
+    }
     omv_refuse_t code =
         omv_groups_check_push(r->groups, m->slot, p->step, p->shard - shard_lo(r), why);
     if (code != OMV_REFUSE_NONE) {
@@ -1008,14 +1015,15 @@ static int backup_hold(omv_run_t *r, member_t *m, const omv_push_t *p)
     if (r->held == NULL)
         r->held = calloc(OMV_RUN_HELD_MAX, sizeof(omv_run_held_t));
     if (r->held == NULL || r->n_held == OMV_RUN_HELD_MAX) {
-        if (!r->backup_broken)
+        if (!r->part_broken)
             omv_log_error("backup of shards [%u, %u): %u pushes wait for their steps, the most "
                           "it keeps: it no longer follows its primary",
                           r->part.first, r->part.last, r->n_held);
-        r->backup_broken = 1;
+        r->part_broken = 1;
         return 1;
     }
     omv_run_held_t *h = &r->held[r->n_held++];
+    h->since_ms = omv_time_ms();
     h->worker_id = id;
     h->push = *p;
     omv_router_take_payload(r->env.router, &h->payload);
@@ -1042,6 +1050,13 @@ static void backup_release(omv_run_t *r)
         } else if (wait) {
             blocked[n_blocked++] = h.worker_id;
             r->held[kept++] = h;
+            if (!r->part_broken && omv_time_ms() - h.since_ms > OMV_RUN_HELD_MAX_MS) {
+                omv_log_error("backup of shards [%u, %u): a push of step %llu has waited %d s "
+                              "for its step (one it missed?): it no longer follows its primary",
+                              r->part.first, r->part.last, (unsigned long long)h.push.step,
+                              OMV_RUN_HELD_MAX_MS / 1000);
+                r->part_broken = 1;
+            }
         } else {
             push_with(r, m, &h.push, &h.payload);
         }
@@ -1069,8 +1084,13 @@ static void push_with(omv_run_t *r, member_t *m, const omv_push_t *p, omv_payloa
     m->last_push_ms = omv_time_ms();
     /* A backup serves nothing: the step's batch and weight are fixed by its first push, as
      * its primary fixed them when it sent the step (the same members, the same split). */
-    if (r->part.backup && (!m->served || m->served_step != p->step))
+    if (r->part.backup && (!m->served || m->served_step != p->step)) {
         begin_serve(r, m, group, p->step);
+        if (p->samples > 0 && p->samples <= r->job.batch_size && p->samples != m->batch) {
+            m->batch = p->samples; /* what the worker computed, as its primary asked */
+            m->weight = push_weight(r, m, group);
+        }
+    }
     if (p->wire != OMV_WIRE_SHM)
         r->bytes_in_total += (uint64_t)p->count * (p->wire == OMV_WIRE_BF16 ? 2u : 4u);
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
@@ -2047,6 +2067,11 @@ void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
         r->late_total++; /* a step begun as the job reached its images: not applied */
         return;
     }
+    int fg = omv_groups_of(r->groups, m->slot);
+    if (r->failover == 1 && r->cut_phase >= 2 && fg >= 0 && rep->step >= r->cut_clocks[fg]) {
+        r->late_total++; /* past the failover's cut: the holders keep it out too */
+        return;
+    }
     omv_refuse_t code = r->state != JOB_RUNNING
                             ? OMV_REFUSE_STEP
                             : omv_groups_check_push(r->groups, m->slot, rep->step, 0, why);
@@ -2121,6 +2146,17 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
                       s->first, s->last, want);
         return;
     }
+    for (uint32_t k = 0;
+         r->failover && r->cut_phase == 2 && k < g->n_groups && k < omv_groups_count(r->groups);
+         k++)
+        if (omv_groups_live(r->groups, k) > 0 && g->clocks[k] != r->cut_clocks[k]) {
+            omv_log_error("failover: shard server %u holds group %u at step %llu, the cut is at "
+                          "%llu: the ranges disagree",
+                          omv_servers_id(r->env.servers, s), k, (unsigned long long)g->clocks[k],
+                          (unsigned long long)r->cut_clocks[k]);
+            failover_abandon(r, "the holders' ranges disagree at the failover's cut");
+            return;
+        }
     float *dst[3] = {r->fetch_params, r->fetch_velocity, r->fetch_second};
     for (uint32_t a = 0; want > 0 && a < state_arrays(r); a++)
         memcpy(dst[a] + off, payload + (size_t)a * count, count * sizeof(float));
@@ -2179,8 +2215,9 @@ static void send_failover_op(omv_run_t *r, omv_server_op_t op)
  * over the servers left (failover_done). Returns whether the failover began. */
 static int start_failover(omv_run_t *r)
 {
-    if (!r->ckpt.enabled || r->state != JOB_RUNNING || omv_tuner_probing(r->tuner))
-        return 0; /* nowhere to write it, or the servers hold a probe's model */
+    if (!r->ckpt.enabled || !r->job.checkpoint_resume || r->state != JOB_RUNNING ||
+        omv_tuner_probing(r->tuner))
+        return 0; /* nowhere to write it or resume it, or the servers hold a probe's model */
     for (uint32_t i = 0; i < r->n_servers; i++) {
         const omv_server_t *p = &r->env.servers->rec[r->server_ids[i] - 1];
         const omv_server_t *b =
@@ -2213,6 +2250,26 @@ static int start_failover(omv_run_t *r)
     return 1;
 }
 
+/* A failover that cannot end: back to the last checkpoint (or failed), as without replicas. */
+static void failover_abandon(omv_run_t *r, const char *why)
+{
+    r->failover = 0;
+    r->cut_phase = 0;
+    if (!r->job.checkpoint_resume ||
+        (r->job.checkpoint_every_s <= 0 && r->job.checkpoint_every_steps <= 0)) {
+        char fail[256];
+        snprintf(fail, sizeof(fail), "%s, and the job writes no checkpoint to go back to", why);
+        omv_run_finish(r, JOB_FAILED, fail);
+        return;
+    }
+    omv_log_warn("job '%s': %s: it goes back to its last checkpoint", r->job.name, why);
+    omv_strlcpy(r->rewind_reason, why, sizeof(r->rewind_reason));
+    r->rewind = 1;
+}
+
+/* A failover's cut that is not in after this long is given up on. */
+#define FAILOVER_DEADLINE_MS 30000
+
 /* How long the reports must stand still before a failover's cut: every step that can still end
  * (its parameters all sent before the server went) has ended by then. */
 #define FAILOVER_SETTLE_MS 500
@@ -2220,6 +2277,10 @@ static int start_failover(omv_run_t *r)
 /* A failover waits for the reports to stand still; then the holders cut at the clocks. */
 static void failover_settle(omv_run_t *r)
 {
+    if (r->failover && omv_time_ms() - r->failover_ms > FAILOVER_DEADLINE_MS) {
+        failover_abandon(r, "the failover's cut did not come in within 30 s");
+        return;
+    }
     if (r->failover != 1 || r->cut_phase != 1)
         return;
     uint64_t sig = r->pushes_recorded_total;
@@ -2241,11 +2302,22 @@ static void failover_settle(omv_run_t *r)
     send_failover_op(r, OMV_SERVER_CUT);
 }
 
+/* A free server up this long may be taken as a backup: one that keeps dying is not, over and
+ * over. */
+#define BACKUP_SETTLE_MS 2000
+
 int omv_run_take_backup(omv_run_t *r)
 {
     if (!remote(r) || r->job.replicas < 2 || r->state != JOB_RUNNING || r->failover || r->rewind ||
-        r->cut_phase != 0 || r->n_backups >= (uint32_t)r->job.servers ||
-        omv_servers_free(r->env.servers) == 0 || !start_failover(r))
+        r->cut_phase != 0 || r->n_backups >= (uint32_t)r->job.servers)
+        return 0;
+    int settled = 0;
+    for (uint32_t i = 0; i < r->env.servers->n; i++) {
+        const omv_server_t *s = &r->env.servers->rec[i];
+        settled |= s->used && s->alive && s->run_id == 0 &&
+                   omv_time_ms() - s->joined_ms >= BACKUP_SETTLE_MS;
+    }
+    if (!settled || !start_failover(r))
         return 0;
     /* Every primary is there: an ordinary cut, made again with the newcomer as a backup. */
     r->failover = 3;
@@ -2262,6 +2334,15 @@ static void failover_done(omv_run_t *r)
     r->ckpt_forced = 1;
     int e = write_checkpoint(r);
     r->cut_phase = 0;
+    if (e < 0 && r->failover == 3) {
+        /* Not worth going back for a backup: the servers go on as they were. */
+        omv_log_warn("job '%s': the cut for a new backup could not be written: going on "
+                     "without it",
+                     r->job.name);
+        r->failover = 0;
+        cut_resume(r);
+        return;
+    }
     uint64_t steps = 0;
     for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
         steps = r->cut_clocks[g] > steps ? r->cut_clocks[g] : steps;
@@ -2361,6 +2442,9 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
     u->images = r->images_total;
     u->steps = r->steps_total;
     u->adam_steps = r->shards->gather_steps[r->part.first];
+    u->n_groups = omv_groups_count(r->groups);
+    for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
+        u->clocks[g] = omv_groups_clock(r->groups, g);
     int e = omv_router_up_send(r->env.router, &msg, buf);
     if (e < 0)
         omv_log_error("cannot send shards [%u, %u) to the coordinator: %s", r->part.first,
@@ -2440,6 +2524,7 @@ void omv_run_part_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_
 void omv_run_part_failover_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n)
 {
     r->frozen = 1;
+    r->failover_cut = 1;
     r->freeze_id = id;
     r->cut_set = 1;
     r->cut_sent = 0;
@@ -2488,6 +2573,14 @@ static void part_cut_check(omv_run_t *r)
 static void part_reconfig(omv_run_t *r, const omv_server_msg_t *u, const int32_t *group_of,
                           size_t words)
 {
+    if ((u->reconfig & OMV_SERVER_RECONFIG_REGROUP) &&
+        (words != r->n_slots || u->n_groups == 0 || u->n_groups > omv_groups_max(r->groups))) {
+        omv_log_error("the coordinator regroups into %u groups over %zu slots (we have %u "
+                      "slots): the part is dropped",
+                      u->n_groups, words, r->n_slots);
+        r->part_broken = 1; /* nothing of the change is made */
+        return;
+    }
     if (u->reconfig & OMV_SERVER_RECONFIG_RESTORE)
         probe_base(r, &(omv_reconfig_t){.restore = 1});
     if (u->reconfig & OMV_SERVER_RECONFIG_SNAPSHOT)
@@ -2502,11 +2595,11 @@ static void part_reconfig(omv_run_t *r, const omv_server_msg_t *u, const int32_t
     if (!(u->reconfig & OMV_SERVER_RECONFIG_REGROUP))
         return;
     uint64_t clock = u->n_groups ? u->clocks[0] : 0;
-    if (words != r->n_slots || u->n_groups == 0 || u->n_groups > omv_groups_max(r->groups) ||
-        omv_groups_regroup(r->groups, u->n_groups, group_of, clock) < 0) {
-        omv_log_error("the coordinator regroups into %u groups over %zu slots (we have %u "
-                      "slots): not applied",
-                      u->n_groups, words, r->n_slots);
+    if (omv_groups_regroup(r->groups, u->n_groups, group_of, clock) < 0) {
+        omv_log_error("the coordinator's regroup into %u groups does not fit: the part is "
+                      "dropped",
+                      u->n_groups);
+        r->part_broken = 1;
         return;
     }
     r->regroups_total++;

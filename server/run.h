@@ -69,10 +69,12 @@ typedef enum {
  * step before, which the primary had when it sent the parameters): it waits, in order. */
 typedef struct {
     uint32_t worker_id;
+    int64_t since_ms;
     omv_push_t push;
     omv_payload_t payload;
 } omv_run_held_t;
 #define OMV_RUN_HELD_MAX 1024
+#define OMV_RUN_HELD_MAX_MS 10000 /* a push waiting longer: the backup missed one */
 
 /* The fields are for reading (status, commands); the run changes them. */
 typedef struct {
@@ -162,10 +164,13 @@ typedef struct {
     uint64_t cut_id;
     uint64_t *cut_clocks;
     int frozen, cut_set, cut_sent, cut_no_ranges; /* a shard server's side of it */
+    int failover_cut;     /* a failover's cut: pushes at or past it are left out */
     int part_probing;     /* the coordinator's optimizer probes: steps here are not training's */
     omv_run_held_t *held; /* a backup's pushes waiting for their step [OMV_RUN_HELD_MAX] */
     uint32_t n_held;
-    int backup_broken; /* more waited than it holds: it no longer follows its primary */
+    int part_broken; /* a shard server's part no longer is the coordinator's (a backup that lost
+                      * track, a change that does not fit): it is dropped and the coordinator
+                      * told */
     /* A backup at a cut: pushes for the cut's steps and later wait until the coordinator's
      * orders at the cut are carried out here too. */
     int backup_cut_on;

@@ -842,15 +842,15 @@ START_TEST(test_servers_failover)
      * coordinator cuts the ranges' holders (the other primary, and the dead one's backup) at
      * the steps every worker reported, writes that cut as a checkpoint, and makes the run
      * again from it over the 3 servers left; nothing is trained twice or lost. A replacement
-     * server that registers then is made the backup of the range that lost its own, at
-     * another cut. The job, which writes no periodic checkpoints, ends with the model one
-     * daemon gives without any failure, bit for bit. */
+     * server that registers then (and stays up 2 s) is made the backup of the range that lost
+     * its own, at another cut. The job, which writes no periodic checkpoints, ends with the model
+     * one daemon gives without any failure, bit for bit. */
     model_section = "layers = 64 32 4";
-    write_job(2, 60, "groups = 1\nstaleness = none");
+    write_job(2, 100, "groups = 1\nstaleness = none");
     omv_checkpoint_t one, spread;
     train_on_one(&one);
     coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
-    write_job(2, 60,
+    write_job(2, 100,
               "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\n"
               "[checkpoint]\nevery_s = 0");
     pid_t d = start_coordinator("servers");

@@ -256,6 +256,7 @@ static void servers_close(session_t *s, int flush)
             omv_link_abandon(&s->links[1 + i]);
     s->n_servers = s->n_backups = 0;
     memset(s->shard_backup, 0, sizeof(s->shard_backup));
+    s->backup_warned = 0;
 }
 
 /* Attaches to a shard server: Attach until it answers (the daemon may not have told it of us
@@ -339,8 +340,13 @@ static int servers_open(session_t *s, const omv_welcome_t *w)
         for (uint32_t sh = v->first_shard; sh < v->last_shard; sh++)
             s->shard_backup[sh] = (uint8_t)(1 + s->n_servers + k);
         int r = open_server(s, v, s->n_servers + k, w->attach_token, 1);
-        if (r < 0)
-            return r;
+        if (r < 0) {
+            /* Not fatal: the backup misses our gradients and the coordinator replaces it. */
+            omv_log_warn("worker %u: no backup at %s: its shards go to their primary only",
+                         s->worker_id, v->endpoint);
+            for (uint32_t sh = v->first_shard; sh < v->last_shard; sh++)
+                s->shard_backup[sh] = 0;
+        }
     }
     omv_log_info("worker %u: the model is on %u shard servers%s; pulling from and pushing to "
                  "them",
