@@ -2365,8 +2365,11 @@ void omv_run_server_lost(omv_run_t *r, omv_server_t *s)
     int n = snprintf(why, sizeof(why), "shard server %u (%s) is gone with shards [%u, %u)%s",
                      omv_servers_id(r->env.servers, s), s->endpoint, s->first, s->last,
                      s->backup ? " (their backup)" : "");
-    if (r->job.replicas > 1 && !r->failover) {
-        omv_log_warn("job '%s': %s", r->job.name, why);
+    if (r->job.replicas > 1) {
+        /* A second loss during a failover: again, from what is still held. */
+        omv_log_warn("job '%s': %s%s", r->job.name, why, r->failover ? " (during a failover)" : "");
+        r->failover = 0;
+        r->cut_phase = 0;
         if (start_failover(r))
             return;
     }
