@@ -24,6 +24,8 @@ static void cut_checkpoint(omv_run_t *r);
 static void part_cut_check(omv_run_t *r);
 static void admit_joins(omv_run_t *r);
 static void failover_done(omv_run_t *r);
+static uint32_t make_change(omv_run_t *r, const omv_reconfig_t *rc, uint64_t clock, int live,
+                            int *ret_regrouped);
 static void failover_abandon(omv_run_t *r, const char *why);
 static void cut_resume(omv_run_t *r);
 static void failover_settle(omv_run_t *r);
@@ -444,10 +446,9 @@ static void cut_reconfig(omv_run_t *r, omv_server_msg_t *u, int32_t *group_of)
     for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
         if (omv_groups_live(r->groups, g) > 0 && omv_groups_clock(r->groups, g) > clock)
             clock = omv_groups_clock(r->groups, g);
-    uint32_t g = rc.groups ? rc.groups : rc.restore ? omv_groups_count(r->groups) : 0;
-    if (g && omv_reconfig_regroup(r->groups, r->env.members, r->n_slots, g, clock,
-                                  omv_run_live_trainers(r)) == 0) {
-        r->regroups_total++;
+    int regrouped;
+    make_change(r, &rc, clock, omv_run_live_trainers(r), &regrouped);
+    if (regrouped) {
         u->reconfig |= OMV_SERVER_RECONFIG_REGROUP;
         u->n_groups = omv_groups_count(r->groups);
         for (uint32_t k = 0; k < u->n_groups && k < OMV_WIRE_MAX_CLOCKS; k++)
@@ -456,20 +457,12 @@ static void cut_reconfig(omv_run_t *r, omv_server_msg_t *u, int32_t *group_of)
             group_of[slot] = omv_groups_of(r->groups, slot);
         u->count = r->n_slots;
     }
-    if (rc.set_sgd) {
-        r->sgd = rc.sgd;
-        u->reconfig |= OMV_SERVER_RECONFIG_SGD;
-        omv_log_info("momentum %g, learning rate %g from step %llu", r->sgd.momentum,
-                     r->sgd.learning_rate, (unsigned long long)clock);
-    }
+    u->reconfig |= rc.set_sgd ? OMV_SERVER_RECONFIG_SGD : 0;
     u->learning_rate = r->sgd.learning_rate;
     u->momentum = r->sgd.momentum;
     u->weight_decay = r->sgd.weight_decay;
     u->reconfig |= (rc.snapshot ? OMV_SERVER_RECONFIG_SNAPSHOT : 0) |
                    (rc.restore ? OMV_SERVER_RECONFIG_RESTORE : 0);
-    omv_tuner_applied(r->tuner, rc.opt_gen, omv_run_epoch(r), omv_time_s());
-    omv_timeline_now_t now = timeline_now(r);
-    omv_timeline_config(&r->timeline, &now, rc.opt_gen ? "optimizer" : "regroup");
 }
 
 /* The servers go on from the cut, with the pending change if any. */
@@ -613,6 +606,29 @@ static void probe_base(omv_run_t *r, const omv_reconfig_t *rc)
     }
 }
 
+/* The change rc at clock, with live trainers, on this daemon's groups and rule (the probe base
+ * is the caller's): regroups (after a restore too, so that every group starts again from the
+ * same model at a common clock, which keeps the bound), sets the rule, and tells the optimizer
+ * and the timeline. Returns the groups asked for (0: none) and in *ret_regrouped whether the
+ * regroup was made. */
+static uint32_t make_change(omv_run_t *r, const omv_reconfig_t *rc, uint64_t clock, int live,
+                            int *ret_regrouped)
+{
+    uint32_t g = rc->groups ? rc->groups : rc->restore ? omv_groups_count(r->groups) : 0;
+    *ret_regrouped =
+        g && omv_reconfig_regroup(r->groups, r->env.members, r->n_slots, g, clock, live) == 0;
+    r->regroups_total += (uint64_t)*ret_regrouped;
+    if (rc->set_sgd) {
+        r->sgd = rc->sgd;
+        omv_log_info("momentum %g, learning rate %g from step %llu", r->sgd.momentum,
+                     r->sgd.learning_rate, (unsigned long long)clock);
+    }
+    omv_tuner_applied(r->tuner, rc->opt_gen, omv_run_epoch(r), omv_time_s());
+    omv_timeline_now_t now = timeline_now(r);
+    omv_timeline_config(&r->timeline, &now, rc->opt_gen ? "optimizer" : "regroup");
+    return g;
+}
+
 /* Carries out the pending change if every group is between steps: nothing is in flight, and a
  * restored model is what every next step reads. Returns whether pulls may be served. */
 static int try_reconfig(omv_run_t *r)
@@ -624,19 +640,8 @@ static int try_reconfig(omv_run_t *r)
     omv_reconfig_t rc = r->reconfig;
     memset(&r->reconfig, 0, sizeof(r->reconfig));
     probe_base(r, &rc);
-    uint32_t g = rc.groups ? rc.groups : rc.restore ? omv_groups_count(r->groups) : 0;
-    /* After a restore every group starts again from the same model: a common clock keeps the
-     * bound. */
-    if (g && omv_reconfig_regroup(r->groups, r->env.members, r->n_slots, g, clock, live) == 0)
-        r->regroups_total++;
-    if (rc.set_sgd) {
-        r->sgd = rc.sgd;
-        omv_log_info("momentum %g, learning rate %g from step %llu", r->sgd.momentum,
-                     r->sgd.learning_rate, (unsigned long long)clock);
-    }
-    omv_tuner_applied(r->tuner, rc.opt_gen, omv_run_epoch(r), omv_time_s());
-    omv_timeline_now_t now = timeline_now(r);
-    omv_timeline_config(&r->timeline, &now, rc.opt_gen ? "optimizer" : "regroup");
+    int regrouped;
+    uint32_t g = make_change(r, &rc, clock, live, &regrouped);
     /* Everyone waits for the common clock: their next pull is for it. */
     for (uint32_t i = 0; i < r->env.members->n && g; i++) {
         member_t *m = &r->env.members->records[i];
@@ -2415,6 +2420,19 @@ void omv_run_part_start(omv_run_t *r)
         start(r, " (the coordinator started it)");
 }
 
+/* The envelope of this part's GATHERED for gather id, in *msg. */
+static omv_server_msg_t *gathered_msg(const omv_run_t *r, omv_msg_t *msg, uint64_t id)
+{
+    *msg = (omv_msg_t){.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg->u.server;
+    u->op = OMV_SERVER_GATHERED;
+    u->server_id = r->part.server_id;
+    u->first_shard = r->part.first;
+    u->last_shard = r->part.last;
+    u->gather_id = id;
+    return u;
+}
+
 void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
 {
     if (final && r->state < JOB_FINISHING) {
@@ -2433,13 +2451,8 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
         return;
     }
     pack_range(r, buf, off, count);
-    omv_msg_t msg = {.type = OMV_MSG_SERVER};
-    omv_server_msg_t *u = &msg.u.server;
-    u->op = OMV_SERVER_GATHERED;
-    u->server_id = r->part.server_id;
-    u->first_shard = r->part.first;
-    u->last_shard = r->part.last;
-    u->gather_id = gather_id;
+    omv_msg_t msg;
+    omv_server_msg_t *u = gathered_msg(r, &msg, gather_id);
     u->final = final;
     u->count = state_arrays(r) * count;
     u->images = r->images_total;
@@ -2560,13 +2573,8 @@ static void part_cut_check(omv_run_t *r)
         omv_run_part_gather(r, r->freeze_id, 0);
         return;
     }
-    omv_msg_t msg = {.type = OMV_MSG_SERVER};
-    omv_server_msg_t *u = &msg.u.server;
-    u->op = OMV_SERVER_GATHERED;
-    u->server_id = r->part.server_id;
-    u->first_shard = r->part.first;
-    u->last_shard = r->part.last;
-    u->gather_id = r->freeze_id;
+    omv_msg_t msg;
+    gathered_msg(r, &msg, r->freeze_id);
     int e = omv_router_up_send(r->env.router, &msg, NULL);
     if (e < 0)
         omv_log_error("cannot tell the coordinator the cut's steps are in: %s", omv_strerror(e));
