@@ -37,6 +37,16 @@ typedef struct {
     omv_checkpoint_phase_t *phases; /* [n_phases] */
 } omv_checkpoint_opt_t;
 
+/* One range of a manifest's model: a file of its own beside the manifest (checkpoint_parts.h). */
+typedef struct {
+    uint32_t first, last;   /* shards [first, last) */
+    uint64_t offset, count; /* parameters [offset, offset + count) */
+    uint32_t crc;           /* the part file's CRC-32, as its trailer holds it */
+    uint64_t bytes;         /* the part file's size */
+} omv_checkpoint_part_ref_t;
+
+#define OMV_CHECKPOINT_MAX_PARTS 4096
+
 typedef struct {
     uint64_t seq; /* increases with every checkpoint of a run */
     char job_name[64];
@@ -57,6 +67,11 @@ typedef struct {
     char *members;            /* one line per live worker: "id host pid group"; may be NULL */
     char *model_text;         /* the model definition the job ran (optional section); may be NULL */
     omv_checkpoint_opt_t opt; /* written when opt.present */
+    /* A manifest: the model is in n_parts files beside it (written without params, velocity and
+     * second; read with them filled from the parts). adam: the parts hold second moments. */
+    uint32_t n_parts;
+    omv_checkpoint_part_ref_t *parts; /* [n_parts], by offset */
+    uint32_t adam;
 } omv_checkpoint_t;
 
 /* Writes self as DIR/checkpoint-<seq>.omv: into a temporary file, fsync, rename, fsync of the
@@ -66,7 +81,8 @@ typedef struct {
 int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path, size_t cap,
                          char *err);
 
-/* Reads and verifies one file (magic, format version, length, CRC-32, sections). On success the
+/* Reads and verifies one file (magic, format version, length, CRC-32, sections; a manifest's
+ * parts too, each of which must be there, whole, and the one it names). On success the
  * arrays in ret are allocated (release with omv_checkpoint_fini); on failure returns -EINVAL
  * (corrupt or truncated), -ENOTSUP (another format version) or an I/O errno, with the file named
  * in err. */
