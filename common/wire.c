@@ -302,6 +302,11 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->no_ranges = m->no_ranges != 0;
     out->backup = m->backup != 0;
     out->failover = m->failover != 0;
+    out->part_dir = (char *)m->part_dir;
+    out->part_seq = m->part_seq;
+    out->part = m->part != 0;
+    out->part_crc = m->part_crc;
+    out->part_bytes = m->part_bytes;
     return out;
 }
 
@@ -570,7 +575,14 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->no_ranges = s->no_ranges;
     m->backup = s->backup;
     m->failover = s->failover;
-    if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0)
+    m->part_seq = s->part_seq;
+    m->part = s->part;
+    m->part_crc = s->part_crc;
+    m->part_bytes = s->part_bytes;
+    if (s->part_dir && s->part_dir[0] != '\0' && s->part_dir[0] != '/')
+        FAIL("server message names part folder '%.64s', not an absolute path", s->part_dir);
+    if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0 ||
+        copy_str(m->part_dir, sizeof(m->part_dir), s->part_dir, "part folder", why) < 0)
         return -EPROTO;
     return copy_str(m->key, sizeof(m->key), s->key, "key", why);
 }

@@ -52,6 +52,7 @@ typedef enum {
 #define OMV_WIRE_MAX_SERVERS 16
 #define OMV_WIRE_MAX_CLOCKS 2304
 #define OMV_WIRE_ENDPOINT_MAX 256
+#define OMV_WIRE_PATH_MAX 1024 /* a folder named to a peer (a checkpoint's parts) */
 
 /* Refusal reasons; the same numbers as ErrorCode in omnivore.proto. */
 typedef enum {
@@ -206,6 +207,13 @@ typedef struct {
     int no_ranges; /* CUT: answer GATHERED without the range */
     int backup;    /* ASSIGN: hold the range as its backup */
     int failover;  /* FREEZE, CUT: a failover's cut, at the steps applied */
+    /* CUT: write the range as part part_seq in part_dir ("": send it); GATHERED: part, with the
+     * part file's CRC-32 and size, in place of the range. */
+    char part_dir[OMV_WIRE_PATH_MAX];
+    uint64_t part_seq;
+    int part;
+    uint32_t part_crc;
+    uint64_t part_bytes;
 } omv_server_msg_t;
 
 typedef struct {

@@ -294,7 +294,7 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
         } else if (d->run && backup)
             backup_cut(d, u);
         else if (d->run)
-            omv_run_part_cut(d->run, u->gather_id, u->clocks, u->n_groups, u->no_ranges);
+            omv_run_part_cut(d->run, u);
         break;
     case OMV_SERVER_RESUME:
         if (d->run)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "dataset.h"
+#include "run_parts.h"
 #include "log.h"
 #include "safetensors.h"
 #include "util.h"
@@ -380,6 +381,8 @@ static int write_checkpoint(omv_run_t *r)
         omv_log_warn("no checkpoint: the model is on shard servers and no cut of it is in");
         return -ENOTSUP;
     }
+    if (remote(r) && r->cut_phase == 3 && omv_run_parts_remote(r))
+        return omv_run_parts_write(r, &v); /* the servers wrote the model: a manifest of it */
     if ((omv_tuner_probing(r->tuner) || (r->reconfig.pending && r->reconfig.restore)) &&
         omv_shardset_has_probe_base(r->shards)) {
         /* The shards hold a probe's model, which is thrown away (or one the optimizer is about
@@ -430,6 +433,10 @@ static void send_cut_op(omv_run_t *r, omv_server_op_t op)
         for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
             u->clocks[g] = r->cut_clocks[g];
         u->no_ranges = !r->cut_ranges;
+        if (r->cut_parts) {
+            omv_strlcpy(u->part_dir, r->ckpt.dir, sizeof(u->part_dir));
+            u->part_seq = r->cut_seq;
+        }
     }
     omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
 }
@@ -509,6 +516,9 @@ static void cut_checkpoint(omv_run_t *r)
     if (r->cut_phase == 0 && (!ckpt || fetch_buffers(r) == 0)) {
         r->cut_phase = 1;
         r->cut_ranges = ckpt;
+        r->cut_parts = ckpt && !r->failover && omv_run_parts_wanted(r);
+        r->cut_seq = r->ckpt.seq + 1;
+        memset(r->parts_how, 0, sizeof(r->parts_how));
         r->cut_id = ++r->fetch_id;
         r->cut_left = r->n_servers;
         r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */
@@ -527,8 +537,10 @@ static void cut_checkpoint(omv_run_t *r)
     admit_joins(r);
     r->cut_phase = 0;
     cut_resume(r);
-    if (!r->cut_ranges)
-        return;
+    int here = r->cut_ranges && !omv_run_parts_remote(r);
+    r->cut_parts = 0;
+    if (!here)
+        return;         /* the model is the servers' (in their parts): an evaluation gathers it */
     r->fetch_fresh = 1; /* an evaluation that waited may take this model */
     if (r->eval.wanted) {
         r->eval.wanted = 0;
@@ -2107,8 +2119,10 @@ void omv_run_report(omv_run_t *r, member_t *m, const omv_step_report_t *rep)
 /* Every server's range is in: into the shards, and on with what waited for it. */
 static void fetched(omv_run_t *r)
 {
-    if (r->cut_phase == 2 && !r->cut_ranges) {
-        r->cut_phase = 3; /* the cut's steps are in everywhere: the change once reported */
+    if (r->cut_phase == 2 && (!r->cut_ranges || omv_run_parts_remote(r))) {
+        /* The cut's steps are in everywhere (and its ranges in their parts, the model staying
+         * on the servers): the change or the manifest once reported. */
+        r->cut_phase = 3;
         checkpoint_if_due(r);
         return;
     }
@@ -2142,8 +2156,8 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
     size_t want = (size_t)state_arrays(r) * count * sizeof(float);
     if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
         return; /* an older gather's answer */
-    if (r->cut_phase == 2 && !r->cut_ranges)
-        want = 0; /* a cut without ranges: the server's steps are in */
+    if (r->cut_phase == 2 && (!r->cut_ranges || g->part))
+        want = 0; /* a cut without ranges, or the range in a part: the server's steps are in */
     if (g->first_shard != s->first || g->last_shard != s->last || bytes != want) {
         omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
                       "(%zu bytes): ignored",
@@ -2165,6 +2179,10 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
     float *dst[3] = {r->fetch_params, r->fetch_velocity, r->fetch_second};
     for (uint32_t a = 0; want > 0 && a < state_arrays(r); a++)
         memcpy(dst[a] + off, payload + (size_t)a * count, count * sizeof(float));
+    if (r->cut_phase == 2 && r->cut_parts && g->part)
+        omv_run_parts_take(r, s, g);
+    else if (r->cut_phase == 2 && r->cut_parts && want > 0)
+        omv_run_parts_came(r, s);
     if (s->first == 0)
         r->fetch_adam_steps = g->adam_steps;
     s->bytes_in += bytes;
@@ -2241,6 +2259,7 @@ static int start_failover(omv_run_t *r)
     r->env.servers->failovers_total++;
     r->cut_phase = 1;
     r->cut_ranges = 1;
+    r->cut_parts = 0; /* the coordinator takes every range: it makes the run again from them */
     r->cut_id = ++r->fetch_id;
     r->cut_left = r->n_servers;
     r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */
@@ -2420,19 +2439,6 @@ void omv_run_part_start(omv_run_t *r)
         start(r, " (the coordinator started it)");
 }
 
-/* The envelope of this part's GATHERED for gather id, in *msg. */
-static omv_server_msg_t *gathered_msg(const omv_run_t *r, omv_msg_t *msg, uint64_t id)
-{
-    *msg = (omv_msg_t){.type = OMV_MSG_SERVER};
-    omv_server_msg_t *u = &msg->u.server;
-    u->op = OMV_SERVER_GATHERED;
-    u->server_id = r->part.server_id;
-    u->first_shard = r->part.first;
-    u->last_shard = r->part.last;
-    u->gather_id = id;
-    return u;
-}
-
 void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
 {
     if (final && r->state < JOB_FINISHING) {
@@ -2452,15 +2458,10 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
     }
     pack_range(r, buf, off, count);
     omv_msg_t msg;
-    omv_server_msg_t *u = gathered_msg(r, &msg, gather_id);
+    omv_server_msg_t *u = omv_run_gathered_msg(r, &msg, gather_id);
     u->final = final;
     u->count = state_arrays(r) * count;
-    u->images = r->images_total;
-    u->steps = r->steps_total;
     u->adam_steps = r->shards->gather_steps[r->part.first];
-    u->n_groups = omv_groups_count(r->groups);
-    for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
-        u->clocks[g] = omv_groups_clock(r->groups, g);
     int e = omv_router_up_send(r->env.router, &msg, buf);
     if (e < 0)
         omv_log_error("cannot send shards [%u, %u) to the coordinator: %s", r->part.first,
@@ -2525,13 +2526,15 @@ void omv_run_part_freeze(omv_run_t *r, uint64_t id)
         omv_log_error("cannot answer the coordinator's freeze: %s", omv_strerror(e));
 }
 
-void omv_run_part_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n, int no_ranges)
+void omv_run_part_cut(omv_run_t *r, const omv_server_msg_t *cut)
 {
-    if (!r->frozen || id != r->freeze_id)
+    if (!r->frozen || cut->gather_id != r->freeze_id)
         return;
-    r->cut_no_ranges = no_ranges;
-    for (uint32_t g = 0; g < n && g < r->max_groups; g++)
-        r->cut_clocks[g] = clocks[g];
+    r->cut_no_ranges = cut->no_ranges;
+    omv_strlcpy(r->cut_part_dir, cut->no_ranges ? "" : cut->part_dir, sizeof(r->cut_part_dir));
+    r->cut_seq = cut->part_seq;
+    for (uint32_t g = 0; g < cut->n_groups && g < r->max_groups; g++)
+        r->cut_clocks[g] = cut->clocks[g];
     r->cut_set = 1;
     serve_parked(r); /* the steps up to the cut's may begin */
     part_cut_check(r);
@@ -2545,6 +2548,7 @@ void omv_run_part_failover_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks
     r->cut_set = 1;
     r->cut_sent = 0;
     r->cut_no_ranges = 0;
+    r->cut_part_dir[0] = '\0';
     for (uint32_t g = 0; g < r->max_groups; g++)
         r->cut_clocks[g] = g < n ? clocks[g] : 0;
     omv_log_warn("failover: cutting shards [%u, %u) at the steps every member reported%s",
@@ -2570,11 +2574,13 @@ static void part_cut_check(omv_run_t *r)
         return;
     r->cut_sent = 1;
     if (!r->cut_no_ranges) {
-        omv_run_part_gather(r, r->freeze_id, 0);
+        /* A checkpoint's: the range as a part file, or (when it cannot be) to the coordinator. */
+        if (r->cut_part_dir[0] == '\0' || omv_run_parts_send(r, r->freeze_id) < 0)
+            omv_run_part_gather(r, r->freeze_id, 0);
         return;
     }
     omv_msg_t msg;
-    gathered_msg(r, &msg, r->freeze_id);
+    omv_run_gathered_msg(r, &msg, r->freeze_id);
     int e = omv_router_up_send(r->env.router, &msg, NULL);
     if (e < 0)
         omv_log_error("cannot tell the coordinator the cut's steps are in: %s", omv_strerror(e));

@@ -185,6 +185,15 @@ typedef struct {
      * or the one that reached stop_at_accuracy), and its final checkpoint 1 written, -1 failed,
      * 0 not tried (checkpoints off). */
     int final_eval, final_ckpt;
+    /* A checkpoint's cut over shard servers in parts (run_parts.h): on the coordinator, the
+     * checkpoint the parts are for, each range's part by its first shard (parts_how: 0 not in,
+     * 1 written by its server, 2 its range came instead), and whether the servers write parts
+     * at all; on a server, the folder and checkpoint of the cut's part. */
+    int cut_parts, parts_off;
+    uint64_t cut_seq;
+    uint8_t parts_how[OMV_WIRE_MAX_SHARDS];
+    omv_checkpoint_part_ref_t parts[OMV_WIRE_MAX_SHARDS];
+    char cut_part_dir[OMV_WIRE_PATH_MAX];
 } omv_run_t;
 
 /* Checks what a run would check without making one: the data set's shape against the model,
@@ -267,8 +276,7 @@ int omv_run_part_load(omv_run_t *self, const float *params, const float *velocit
  * up to the cut's and send the range, or only say so (CUT); go on, with the coordinator's
  * change if it makes one: a regroup, the update rule, the probe base (RESUME). */
 void omv_run_part_freeze(omv_run_t *self, uint64_t id);
-void omv_run_part_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n,
-                      int no_ranges);
+void omv_run_part_cut(omv_run_t *self, const omv_server_msg_t *cut);
 void omv_run_part_resume(omv_run_t *self, const omv_server_msg_t *u, const void *payload,
                          size_t bytes);
 /* A backup at a cut (clocks[n]; NULL: the cut's orders are carried out): pushes from the cut's

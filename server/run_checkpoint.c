@@ -162,6 +162,9 @@ static int fill(omv_checkpoint_t *c, const omv_run_ckpt_view_t *v)
     c->velocity = (float *)v->velocity;
     c->second = (float *)v->second;
     c->adam_steps = v->adam_steps;
+    c->n_parts = v->n_parts;
+    c->parts = (omv_checkpoint_part_ref_t *)v->parts;
+    c->adam = (uint32_t)v->adam;
     c->learning_rate = v->sgd.learning_rate;
     c->momentum = v->sgd.momentum;
     c->weight_decay = v->sgd.weight_decay;
@@ -206,14 +209,16 @@ int omv_run_ckpt_write(omv_run_ckpt_t *self, const omv_run_ckpt_view_t *view)
         self->last_error[0] = '\0';
         self->last_ms = (omv_time_s() - t0) * 1000.0;
         int removed = omv_checkpoint_prune(self->dir, (unsigned)view->job->checkpoint_keep);
-        omv_log_info("checkpoint %s written in %.0f ms (epoch %.2f, %" PRIu64 " images)%s",
+        omv_log_info("checkpoint %s written in %.0f ms (epoch %.2f, %" PRIu64 " images%s)%s",
                      self->last_path, self->last_ms, view->epoch, view->images_total,
+                     view->n_parts ? ", a manifest of its parts" : "",
                      removed > 0 ? "; older ones pruned" : "");
     }
     /* Borrowed, not ours to free. */
     c.params = NULL;
     c.velocity = NULL;
     c.second = NULL;
+    c.parts = NULL;
     c.job_text = NULL;
     c.model_text = NULL;
     omv_checkpoint_fini(&c);

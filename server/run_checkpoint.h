@@ -44,6 +44,11 @@ typedef struct {
     const float *params, *velocity; /* [param_count]: the model to keep */
     const float *second;            /* [param_count] Adam's second moments, or NULL */
     uint64_t adam_steps;            /* Adam's updates applied (with second) */
+    /* A manifest: the model is in these parts (params, velocity and second are NULL); adam: the
+     * parts hold second moments. */
+    uint32_t n_parts;
+    const omv_checkpoint_part_ref_t *parts;
+    int adam;
     const omv_eval_t *eval;
     const omv_tuner_t *tuner; /* may be NULL */
 } omv_run_ckpt_view_t;

@@ -64,7 +64,10 @@ void setup(void)
 
 void teardown(void)
 {
-    omv_test_rmdir(test_dir);
+    if (getenv("OMV_TEST_KEEP")) /* =1: the test's folder stays, for its logs */
+        fprintf(stderr, "kept %s\n", test_dir);
+    else
+        omv_test_rmdir(test_dir);
 }
 
 pid_t spawn(char *const argv[])

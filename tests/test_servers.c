@@ -34,6 +34,11 @@ static void read_file(const char *path, char *out, size_t cap)
 }
 
 /* Shard server i: its own endpoint, control socket, folder and log. */
+/* A shell line run before shard servers start, in a mount namespace of their own (as root:
+ * a folder of the coordinator's that they do not share with it); NULL: none. */
+static const char *shard_mounts;
+static int shard_mounts_for; /* the one shard server it is for */
+
 static pid_t start_shard(int i)
 {
     char ep[700], ctl[700], dir[700], log[700];
@@ -46,7 +51,8 @@ static pid_t start_shard(int i)
     snprintf(conf, sizeof(conf), "%s/shard%d.conf", test_dir, i);
     FILE *f = fopen(conf, "w");
     ck_assert_ptr_nonnull(f);
-    fputs("[daemon]\ncoordinator_timeout_s = 2\n", f);
+    /* The coordinator's checkpoint folders are in the test's: parts may be written there. */
+    fprintf(f, "[daemon]\ncoordinator_timeout_s = 2\n[security]\ncheckpoint_root = %s\n", test_dir);
     fclose(f);
     char *argv[] = {(char *)bin("OMNIVORED"),
                     "--config",
@@ -62,7 +68,14 @@ static pid_t start_shard(int i)
                     "--state-dir",
                     dir,
                     NULL};
-    return spawn_logged(argv, log);
+    if (shard_mounts == NULL || i != shard_mounts_for)
+        return spawn_logged(argv, log);
+    char line[2048];
+    snprintf(line, sizeof(line), "%s && exec \"$0\" \"$@\"", shard_mounts);
+    char *wrapped[24] = {"/usr/bin/unshare", "-m", "/bin/sh", "-c", line};
+    for (int k = 0; argv[k] && k < 18; k++)
+        wrapped[5 + k] = argv[k];
+    return spawn_logged(wrapped, log);
 }
 
 /* Stops shard server i (pid) and reads its log into text[cap]. */
@@ -115,8 +128,9 @@ static void read_final(const char *state, omv_checkpoint_t *ck)
     DIR *d = opendir(dir);
     ck_assert_msg(d != NULL, "no checkpoint folder %s", dir);
     for (struct dirent *e; (e = readdir(d)) != NULL;)
-        if (strncmp(e->d_name, "checkpoint-", 11) == 0 && strcmp(e->d_name, best) > 0)
-            omv_strlcpy(best, e->d_name, sizeof(best));
+        if (strncmp(e->d_name, "checkpoint-", 11) == 0 && strcmp(e->d_name, best) > 0 &&
+            strlen(e->d_name) == strlen("checkpoint-00000000.omv") && strstr(e->d_name, ".omv"))
+            omv_strlcpy(best, e->d_name, sizeof(best)); /* a manifest or a whole one, no part */
     closedir(d);
     ck_assert_msg(best[0], "no checkpoint in %s", dir);
     snprintf(path, sizeof(path), "%s/%s", dir, best);
@@ -251,13 +265,62 @@ static void copy_file(const char *src, const char *dst)
     fclose(out);
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+/* Copies checkpoint seq of the servers' run (its manifest and its 2 parts) into folder to;
+ * part_copy[cap] gets the path of the copy of part k (0 or 1, in shard order). */
+static void copy_manifest(int seq, const char *to, int k, char *part_copy, size_t cap)
+{
+    char from[900], a[1400], b[1400], prefix[64], names[2][256];
+    snprintf(from, sizeof(from), "%s/servers/checkpoints/blobs", test_dir);
+    snprintf(a, sizeof(a), "%s/checkpoint-%08d.omv", from, seq);
+    snprintf(b, sizeof(b), "%s/checkpoint-%08d.omv", to, seq);
+    copy_file(a, b);
+    snprintf(prefix, sizeof(prefix), "checkpoint-%08d.shards-", seq);
+    int n = 0;
+    DIR *d = opendir(from);
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && n < 2)
+            omv_strlcpy(names[n++], e->d_name, sizeof(names[0]));
+    closedir(d);
+    ck_assert_msg(n == 2, "checkpoint %d has %d parts in %s", seq, n, from);
+    qsort(names, 2, sizeof(names[0]), cmp_name); /* "shards-0-" first */
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof(a), "%s/%s", from, names[i]);
+        snprintf(b, sizeof(b), "%s/%s", to, names[i]);
+        copy_file(a, b);
+        if (i == k)
+            omv_strlcpy(part_copy, b, cap);
+    }
+}
+
+/* Flips a byte in the middle of file path. */
+static void flip_middle(const char *path)
+{
+    FILE *f = fopen(path, "r+b");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long at = ftell(f) / 2;
+    fseek(f, at, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, at, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+}
+
 START_TEST(test_servers_checkpoint_is_a_cut)
 {
     /* Checkpoints while training on 2 servers are consistent cuts: every range at the same
-     * step, with the clocks and counters of that step. The job trains to the same model as on
-     * one daemon with them (a cut holds steps back, it changes nothing), and one daemon that
+     * step, with the clocks and counters of that step. Each server writes its range as a part
+     * and the coordinator a manifest of them. The job trains to the same model as on one
+     * daemon with them (a cut holds steps back, it changes nothing), and one daemon that
      * resumes from the first of them ends with that model too, bit for bit: a checkpoint whose
-     * ranges were a step apart would not. */
+     * ranges were a step apart would not. The second is there too, with a part damaged: the
+     * resume names the part, leaves that manifest, and takes the first. */
     model_section = "layers = 64 32 4";
     const char *sync = "groups = 1\nstaleness = none\nshards = 4\nwire = fp32";
     char cluster[256];
@@ -282,14 +345,24 @@ START_TEST(test_servers_checkpoint_is_a_cut)
     ck_assert_uint_eq(mid.n_groups, 1);
     ck_assert(mid.clocks[0] == mid.steps_total);
     ck_assert(mid.images_total == mid.steps_total * 32);
+    ck_assert_msg(mid.n_parts == 2, "checkpoint 1 has %u parts", mid.n_parts);
     omv_checkpoint_fini(&mid);
+    char text[65536];
+    for (int i = 0; i < 2; i++) {
+        snprintf(to, sizeof(to), "%s/shard%d.log", test_dir, i);
+        read_file(to, text, sizeof(text));
+        ck_assert_msg(has_text(text, "checkpoint 1: shards [") && has_text(text, "as a part"),
+                      "shard %d wrote no part of checkpoint 1: %s", i, text);
+    }
     const char *parts[] = {"resume", "resume/checkpoints", "resume/checkpoints/blobs"};
     for (int i = 0; i < 3; i++) {
         snprintf(dir, sizeof(dir), "%s/%s", test_dir, parts[i]);
         ck_assert_int_eq(mkdir(dir, 0755), 0);
     }
-    snprintf(to, sizeof(to), "%s/checkpoint-00000001.omv", dir);
-    copy_file(first, to);
+    char damaged[1100];
+    copy_manifest(1, dir, 0, damaged, sizeof(damaged));
+    copy_manifest(2, dir, 1, damaged, sizeof(damaged));
+    flip_middle(damaged);
     write_job(2, 3, sync);
     pid_t d = start_coordinator("resume");
     setenv("OMNIVORE_SHM", "0", 1);
@@ -309,11 +382,98 @@ START_TEST(test_servers_checkpoint_is_a_cut)
     omv_strbuf_fini(&body);
     stop_workers(w, 2);
     shutdown_daemon(d);
+    snprintf(to, sizeof(to), "%s/coordinator.log", test_dir);
+    read_file(to, text, sizeof(text));
+    ck_assert_msg(has_text(text, "checkpoint-00000002.omv: the manifest is incomplete: its part "
+                                 "2 of 2 (shards [") &&
+                      has_text(text, damaged) && has_text(text, "checksum mismatch"),
+                  "the damaged part is not named: %s", text);
+    ck_assert_msg(has_text(text, "resumed from") && has_text(text, "checkpoint-00000001.omv"), "%s",
+                  text);
     read_final("resume", &resumed);
     same_model(&one, &resumed);
     omv_checkpoint_fini(&one);
     omv_checkpoint_fini(&spread);
     omv_checkpoint_fini(&resumed);
+}
+END_TEST
+
+/* The folder of the servers' run's checkpoints, made before its servers start. */
+static const char *servers_ckpt_dir(void)
+{
+    static char dir[800];
+    const char *parts[] = {"servers", "servers/checkpoints", "servers/checkpoints/blobs"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(dir, sizeof(dir), "%s/%s", test_dir, parts[i]);
+        mkdir(dir, 0755);
+    }
+    return dir;
+}
+
+START_TEST(test_servers_parts_not_shared)
+{
+    /* A checkpoint's parts where the folder is not what it should be (as root: each shard
+     * server in a mount namespace of its own). A server that cannot write its part sends its
+     * range, and the coordinator writes that part itself: the manifest is whole. A server
+     * that writes its part where the coordinator cannot see it (a folder that is not shared
+     * storage) fails that checkpoint with the reason, and from then on the coordinator takes
+     * every range and writes whole checkpoints: the job still ends with one daemon's model. */
+    if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) {
+        fprintf(stderr, "test_servers_parts_not_shared: skipped (needs root and unshare -m)\n");
+        return;
+    }
+    model_section = "layers = 64 32 4";
+    const char *sync = "groups = 1\nstaleness = none\nshards = 4\nwire = fp32";
+    char cluster[256], line[1200], text[65536], path[1200];
+    write_job(2, 2, sync);
+    omv_checkpoint_t one, spread, ck;
+    train_on_one(&one);
+    snprintf(cluster, sizeof(cluster), "%s\nservers = 2\n[checkpoint]\nevery_steps = 40\nkeep = 20",
+             sync);
+    write_job(2, 2, cluster);
+    /* Read-only for the first server: it sends its range, and the coordinator writes that
+     * part. */
+    snprintf(line, sizeof(line), "mount --bind -o ro '%s' '%s'", servers_ckpt_dir(),
+             servers_ckpt_dir());
+    shard_mounts = line;
+    shard_mounts_for = 0;
+    train_on_servers(2, &spread);
+    same_model(&one, &spread);
+    omv_checkpoint_fini(&spread);
+    snprintf(path, sizeof(path), "%s/checkpoint-00000001.omv", servers_ckpt_dir());
+    char err[OMV_CHECKPOINT_ERR_MAX];
+    ck_assert_msg(omv_checkpoint_read(&ck, path, err) == 0, "%s", err);
+    ck_assert_uint_eq(ck.n_parts, 2);
+    omv_checkpoint_fini(&ck);
+    snprintf(path, sizeof(path), "%s/shard0.log", test_dir);
+    read_file(path, text, sizeof(text));
+    ck_assert_msg(has_text(text, "the range goes to the coordinator instead"), "%s", text);
+    snprintf(path, sizeof(path), "%s/coordinator.log", test_dir);
+    read_file(path, text, sizeof(text));
+    ck_assert_msg(has_text(text, "checkpoint 1: 2 parts, 1 of them written by their servers"), "%s",
+                  text);
+    /* A folder of its own for the second server: the first checkpoint fails, the rest are
+     * whole. */
+    char rm[1000];
+    snprintf(rm, sizeof(rm), "rm -rf '%s/servers' '%s/coordinator.log'", test_dir, test_dir);
+    ck_assert_int_eq(system(rm), 0);
+    snprintf(line, sizeof(line), "mount -t tmpfs none '%s'", servers_ckpt_dir());
+    shard_mounts_for = 1;
+    train_on_servers(2, &spread);
+    shard_mounts = NULL;
+    same_model(&one, &spread);
+    read_file(path, text, sizeof(text));
+    ck_assert_msg(has_text(text, "which the coordinator cannot see: the checkpoint folder is not "
+                                 "storage the coordinator and the servers share") &&
+                      has_text(text, "from now on the servers send their ranges"),
+                  "%s", text);
+    snprintf(path, sizeof(path), "%s/checkpoint-00000002.omv", servers_ckpt_dir());
+    ck_assert_msg(omv_checkpoint_read(&ck, path, err) == 0, "%s", err);
+    ck_assert_uint_eq(ck.n_parts, 0);
+    ck_assert(!ck.finished);
+    omv_checkpoint_fini(&ck);
+    omv_checkpoint_fini(&spread);
+    omv_checkpoint_fini(&one);
 }
 END_TEST
 
@@ -984,26 +1144,35 @@ START_TEST(test_worker_at_shard_server_refused)
 }
 END_TEST
 
+/* OMV_TEST_ONLY=name runs only the test of that name (while working on one). */
+#define ADD_TEST(tc, fn)                                                                           \
+    do {                                                                                           \
+        const char *only = getenv("OMV_TEST_ONLY");                                                \
+        if (only == NULL || strcmp(only, #fn) == 0)                                                \
+            tcase_add_test(tc, fn);                                                                \
+    } while (0)
+
 static Suite *servers_suite(void)
 {
     Suite *s = suite_create("servers");
     TCase *tc = tcase_create("servers");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
-    tcase_add_test(tc, test_servers_bit_identical);
-    tcase_add_test(tc, test_servers_three_fp32);
-    tcase_add_test(tc, test_servers_checkpoint_is_a_cut);
-    tcase_add_test(tc, test_servers_async_groups);
-    tcase_add_test(tc, test_servers_over_curve);
-    tcase_add_test(tc, test_servers_trainer_dies);
-    tcase_add_test(tc, test_coordinator_restart_resumes);
-    tcase_add_test(tc, test_server_lost_fails_job);
-    tcase_add_test(tc, test_server_lost_goes_back);
-    tcase_add_test(tc, test_worker_at_shard_server_refused);
-    tcase_add_test(tc, test_servers_regroup);
-    tcase_add_test(tc, test_servers_optimizer);
-    tcase_add_test(tc, test_servers_failover);
-    tcase_add_test(tc, test_servers_backup_lost_with_churn);
+    ADD_TEST(tc, test_servers_bit_identical);
+    ADD_TEST(tc, test_servers_three_fp32);
+    ADD_TEST(tc, test_servers_checkpoint_is_a_cut);
+    ADD_TEST(tc, test_servers_parts_not_shared);
+    ADD_TEST(tc, test_servers_async_groups);
+    ADD_TEST(tc, test_servers_over_curve);
+    ADD_TEST(tc, test_servers_trainer_dies);
+    ADD_TEST(tc, test_coordinator_restart_resumes);
+    ADD_TEST(tc, test_server_lost_fails_job);
+    ADD_TEST(tc, test_server_lost_goes_back);
+    ADD_TEST(tc, test_worker_at_shard_server_refused);
+    ADD_TEST(tc, test_servers_regroup);
+    ADD_TEST(tc, test_servers_optimizer);
+    ADD_TEST(tc, test_servers_failover);
+    ADD_TEST(tc, test_servers_backup_lost_with_churn);
     suite_add_tcase(s, tc);
     return s;
 }

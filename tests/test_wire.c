@@ -586,6 +586,22 @@ START_TEST(test_servers_round_trip)
     ck_assert(v->learning_rate == 0.025f && v->momentum == 0.6f && v->weight_decay == 1e-4f);
     ck_assert_int_eq(v->no_ranges, 1);
     ck_assert_str_eq(omv_server_op_name(v->op), "member");
+
+    /* A checkpoint's part: the folder and checkpoint in CUT, the file's CRC and size back. */
+    u->op = OMV_SERVER_CUT;
+    strcpy(u->part_dir, "/srv/checkpoints/fashion-mlp");
+    u->part_seq = 1ULL << 35, u->part = 1, u->part_crc = 0xdeadbeef, u->part_bytes = 1ULL << 34;
+    round_trip(&m, &d);
+    ck_assert_str_eq(v->part_dir, "/srv/checkpoints/fashion-mlp");
+    ck_assert(v->part_seq == 1ULL << 35 && v->part == 1 && v->part_crc == 0xdeadbeef);
+    ck_assert(v->part_bytes == 1ULL << 34);
+    /* Only an absolute folder. */
+    uint8_t buf[BUF_CAP];
+    char why[OMV_WIRE_REASON_MAX] = "";
+    strcpy(u->part_dir, "checkpoints/../../etc");
+    size_t len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+    ck_assert_msg(strstr(why, "not an absolute path"), "%s", why);
 }
 END_TEST
 

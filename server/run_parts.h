@@ -1,0 +1,36 @@
+/* A checkpoint of a job over shard servers as one consistent cut in parts: at the cut each
+ * server writes its range as a part file into the job's checkpoint folder (storage the
+ * coordinator and every server share, as for torch.distributed.checkpoint), and the coordinator
+ * writes the manifest naming every part last. A server that cannot write its part sends its
+ * range, and the coordinator writes that part itself; a part the coordinator cannot see (a
+ * folder that is not shared) turns parts off for the run: from then on every range comes to
+ * the coordinator. */
+#pragma once
+
+#include "run.h"
+
+/* A shard server: this part's GATHERED for gather id in *msg (its range, counters and clocks). */
+omv_server_msg_t *omv_run_gathered_msg(const omv_run_t *self, omv_msg_t *msg, uint64_t id);
+
+/* The coordinator: whether this checkpoint's cut asks the servers for parts. */
+int omv_run_parts_wanted(const omv_run_t *self);
+
+/* A shard server: writes the cut's range as checkpoint cut_seq's part in cut_part_dir and tells
+ * the coordinator (GATHERED with the part). Returns 0, or a negative errno (logged): the range
+ * is to go to the coordinator instead. */
+int omv_run_parts_send(omv_run_t *self, uint64_t gather_id);
+
+/* The coordinator: server s's GATHERED g names its part; records it for the manifest (a part
+ * for another checkpoint or range is logged and left out, which fails the checkpoint). */
+void omv_run_parts_take(omv_run_t *self, const omv_server_t *s, const omv_server_msg_t *g);
+
+/* The coordinator: server s's range came in the fetch arrays in place of a part. */
+void omv_run_parts_came(omv_run_t *self, const omv_server_t *s);
+
+/* The coordinator: whether a server wrote any part of this cut (the model is then not here). */
+int omv_run_parts_remote(const omv_run_t *self);
+
+/* The coordinator: writes the parts whose ranges came here, checks that it sees every part,
+ * and writes the manifest from view v (the run's state, without the model). Returns 0 or a
+ * negative errno (logged, counted as a failed checkpoint). */
+int omv_run_parts_write(omv_run_t *self, omv_run_ckpt_view_t *v);
