@@ -76,11 +76,10 @@ def main():
     p.add_argument("--workers", default="1,2,4")
     p.add_argument("--target", type=float, default=0.85)
     a = p.parse_args()
-    try:
-        import torch  # noqa: F401
-        have_torch = True
-    except ImportError:
-        have_torch = False
+    # The DDP runs use Debian's interpreter, whichever one runs this script.
+    have_torch = subprocess.run(["/usr/bin/python3", "-c", "import torch"],
+                                capture_output=True).returncode == 0
+    if not have_torch:
         print("# DDP skipped: python3-torch is not installed (apt-get install python3-torch)")
     print(f"# {a.runs} runs each (median), {a.epochs} epochs, target test accuracy {a.target}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}")

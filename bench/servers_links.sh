@@ -7,19 +7,19 @@
 # 1, 2 and 4 shard servers of their own, next to PyTorch DDP with one rank per worker host
 # (gloo) on the same links, when python3-torch is there. Medians of RUNS interleaved runs.
 # Needs root (skips otherwise).
-# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS from
+# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts) from
 # the environment; a server count with r, as SERVERS="2 2r", runs [cluster] replicas = 2 with a
 # backup of each range on a host of its own: 2r takes 4 server hosts)
 set -eu
 build=${1:-build}
 RUNS=${RUNS:-3} RATES=${RATES:-"1gbit 200mbit"} SERVERS=${SERVERS:-"0 1 2 4"}
-HIDDEN=${HIDDEN:-256} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2} SHARDS=${SHARDS:-8}
+HIDDEN=${HIDDEN:-256} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2} SHARDS=${SHARDS:-8} WORKERS=${WORKERS:-2}
 ctl=$build/server/omnivorectl daemon=$build/server/omnivored worker=$build/worker/omnivore-worker
 data=/usr/share/datasets/fashion-mnist
 [ "$(id -u)" -eq 0 ] || { echo "skipped: needs root for network namespaces"; exit 0; }
 [ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "skipped: no $data"; exit 0; }
 p=omvs$$
-hosts="head s1 s2 s3 s4 w1 w2"
+hosts="head s1 s2 s3 s4 $(seq -f 'w%g' -s ' ' "$WORKERS")"
 tmp=$(mktemp -d)
 pids=""
 stop_all() {
@@ -68,7 +68,7 @@ one_run() { # one_run SERVERS (2r: 2 servers with replicas = 2): prints "images_
         --endpoint tcp://10.79.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
         --log-level warn --curve no --set cluster.servers="$n" --set cluster.replicas="$reps" \
         --set cluster.shards="$SHARDS" --set model.layers="784 $HIDDEN 10" \
-        --set train.batch_size=128 --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" \
+        --set train.batch_size=$((64 * WORKERS)) --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" \
         --set eval.every_epochs=0 --set checkpoint.every_s=0
     k=0
     until "$ctl" --socket "$sock" status >/dev/null 2>&1; do
@@ -79,8 +79,7 @@ one_run() { # one_run SERVERS (2r: 2 servers with replicas = 2): prints "images_
             --endpoint "tcp://10.79.0.$(addr "s$i"):5556" --control "$tmp/s$i.sock" \
             --state-dir "$tmp/state" --log-level warn --curve no
     done
-    on w1 "$tmp/w1.log" "$worker" --server tcp://10.79.0.1:5555
-    on w2 "$tmp/w2.log" "$worker" --server tcp://10.79.0.1:5555
+    for i in $(seq "$WORKERS"); do on "w$i" "$tmp/w$i.log" "$worker" --server tcp://10.79.0.1:5555; done
     on w2 "$tmp/ev.log" "$worker" --server tcp://10.79.0.1:5555 --role evaluator
     k=0
     while "$ctl" --socket "$sock" status >"$tmp/status" 2>/dev/null; do
@@ -92,23 +91,25 @@ one_run() { # one_run SERVERS (2r: 2 servers with replicas = 2): prints "images_
     "$ctl" --socket "$sock" shutdown >/dev/null 2>&1 || true
     stop_all
 }
-ddp_run() {
-    port=$((29500 + $$ % 400))
-    ip netns exec "$p-w2" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py --rank 1 \
-        --procs 2 --master 10.79.0.21:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
-        --hidden "$HIDDEN" --eval-every 1000 >"$tmp/ddp1.log" 2>&1 &
-    r1=$!
+ddp_run() { # one rank per worker host, rank 0 (the rendezvous) on w1
+    port=$((29500 + $$ % 400)) ranks=""
+    for r in $(seq $((WORKERS - 1))); do
+        ip netns exec "$p-w$((r + 1))" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py \
+            --rank "$r" --procs "$WORKERS" --master 10.79.0.21:$port --batch 64 --epochs "$EPOCHS" \
+            --limit "$LIMIT" --hidden "$HIDDEN" --eval-every 1000 >"$tmp/ddp$r.log" 2>&1 &
+        ranks="$ranks $!"
+    done
     ip netns exec "$p-w1" env GLOO_SOCKET_IFNAME=eth0 /usr/bin/python3 bench/torch_ddp.py --rank 0 \
-        --procs 2 --master 10.79.0.21:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
+        --procs "$WORKERS" --master 10.79.0.21:$port --batch 64 --epochs "$EPOCHS" --limit "$LIMIT" \
         --hidden "$HIDDEN" --eval-every 1000 2>"$tmp/ddp0.log" | tail -1 |
         sed -n 's/.*"images_per_second": \([0-9.]*\).*/\1/p'
-    wait "$r1" || true
+    for q in $ranks; do wait "$q" || true; done
 }
 have_ddp=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_ddp=1
 [ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, 2 workers x 64 images, bf16, $LIMIT images x $EPOCHS epochs; every link shaped"
+echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, $WORKERS workers x 64 images, bf16, $LIMIT images x $EPOCHS epochs; every link shaped"
 printf '%-8s %-10s %12s %10s\n' link servers images/s accuracy
 json="{"
 for RATE in $RATES; do
