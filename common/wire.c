@@ -579,8 +579,11 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->part = s->part;
     m->part_crc = s->part_crc;
     m->part_bytes = s->part_bytes;
-    if (s->part_dir && s->part_dir[0] != '\0' && s->part_dir[0] != '/')
-        FAIL("server message names part folder '%.64s', not an absolute path", s->part_dir);
+    if (s->part_dir && s->part_dir[0] != '\0' && s->part_dir[0] != '/') {
+        char shown[80];
+        omv_str_escape(shown, s->part_dir, sizeof(shown));
+        FAIL("server message names part folder '%s', not an absolute path", shown);
+    }
     if (copy_text(m->host, sizeof(m->host), s->host, "host", why) < 0 ||
         copy_str(m->part_dir, sizeof(m->part_dir), s->part_dir, "part folder", why) < 0)
         return -EPROTO;

@@ -507,6 +507,15 @@ int omv_checkpoint_load_latest(omv_checkpoint_t *ret, const char *dir, char *ret
     return r;
 }
 
+uint64_t omv_checkpoint_newest_seq(const char *dir)
+{
+    entry_t *list = NULL;
+    int n = list_dir(dir, &list);
+    uint64_t seq = n > 0 ? list[0].seq : 0;
+    free(list);
+    return seq;
+}
+
 int omv_checkpoint_prune(const char *dir, unsigned keep)
 {
     entry_t *list = NULL;

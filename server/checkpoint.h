@@ -101,6 +101,9 @@ typedef void (*omv_checkpoint_bad_fn)(void *ctx, const char *path, const char *r
 int omv_checkpoint_load_latest(omv_checkpoint_t *ret, const char *dir, char *ret_path, size_t cap,
                                omv_checkpoint_bad_fn bad, void *ctx);
 
+/* The highest number of a checkpoint file in dir, usable or not (0: none). */
+uint64_t omv_checkpoint_newest_seq(const char *dir);
+
 /* Deletes all but the newest keep checkpoints in dir (and stale temporary files). Returns how
  * many files were removed, or a negative errno. */
 int omv_checkpoint_prune(const char *dir, unsigned keep);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "util.h"
@@ -26,6 +27,13 @@
 #define PARTS_HEAD_BYTES (2 * 4 + 8)
 
 enum { PTAG_META = 1, PTAG_PARAMS = 3, PTAG_VELOCITY = 4, PTAG_SECOND = 9 };
+
+/* The size of a part file of count parameters: it is exact, so a manifest names no more. */
+static uint64_t part_bytes(uint64_t count, uint32_t adam)
+{
+    return OMV_CKIO_HEADER_BYTES + 16 + PART_META_BYTES + (2 + (uint64_t)adam) * (16 + count * 4) +
+           OMV_CKIO_TRAILER_BYTES;
+}
 
 void omv_checkpoint_part_name(uint64_t seq, uint32_t first, uint32_t last, char *out, size_t cap)
 {
@@ -127,6 +135,11 @@ int omv_checkpoint_parts_read_section(omv_ckio_reader_t *s, omv_checkpoint_t *c,
                                     "%s: part %u (shards [%u, %u), parameters %" PRIu64
                                     " + %" PRIu64 ") does not follow the one before it",
                                     path, i, p->first, p->last, p->offset, p->count);
+        if (p->bytes != part_bytes(p->count, c->adam))
+            return omv_ckio_corrupt(err,
+                                    "%s: part %u names a file of %" PRIu64 " bytes; one of %" PRIu64
+                                    " parameters has %" PRIu64,
+                                    path, i, p->bytes, p->count, part_bytes(p->count, c->adam));
         at += p->count;
     }
     if (at != c->param_count)
@@ -212,22 +225,24 @@ static int load_part(omv_checkpoint_t *c, const omv_checkpoint_part_ref_t *ref, 
                                 "%s: %zu bytes with CRC-32 %08x, where the manifest names %" PRIu64
                                 " bytes with %08x: written again since, or another one",
                                 path, len, crc, ref->bytes, ref->crc);
-    omv_ckio_reader_t rd = {buf + OMV_CKIO_HEADER_BYTES, buf + (body > 0 ? body : 0)};
+    if (body < 0) {
+        free(buf);
+        return -EINVAL;
+    }
+    /* The frame is whole: body covers the header at least. */
+    omv_ckio_reader_t rd = {buf + OMV_CKIO_HEADER_BYTES, buf + body};
     int bad = 0;
     uint32_t tag = omv_ckio_get_u32(&rd, &bad);
     (void)omv_ckio_get_u32(&rd, &bad);
     uint64_t slen = omv_ckio_get_u64(&rd, &bad);
-    if (body >= 0 &&
-        (bad || tag != PTAG_META || slen != PART_META_BYTES || slen > (uint64_t)(rd.end - rd.p)))
-        body = omv_ckio_corrupt(err, "%s: no meta section first", path);
-    if (body >= 0) {
+    if (bad || tag != PTAG_META || slen != PART_META_BYTES || slen > (uint64_t)(rd.end - rd.p)) {
+        r = omv_ckio_corrupt(err, "%s: no meta section first", path);
+    } else {
         omv_ckio_reader_t meta = {rd.p, rd.p + slen};
         rd.p += slen;
         r = check_part_meta(&meta, c, ref, path, err);
         if (r == 0)
             r = read_part_arrays(&rd, c, ref, path, err);
-    } else {
-        r = (int)body;
     }
     free(buf);
     return r == -ENOMEM ? r : r < 0 ? -EINVAL : 0;
@@ -248,8 +263,40 @@ static void folder_of(const char *path, char *dir, size_t cap)
     dir[n ? n : 1] = '\0';
 }
 
+/* Part k of manifest c (read from path, in folder dir): its path into part[cap]; 0, or -EINVAL
+ * with the reason in err unless the file is there with the size the manifest names. */
+static int part_there(const omv_checkpoint_t *c, uint32_t k, const char *dir, const char *path,
+                      char *part, size_t cap, char *err)
+{
+    const omv_checkpoint_part_ref_t *ref = &c->parts[k];
+    char name[128], why[600];
+    omv_checkpoint_part_name(c->seq, ref->first, ref->last, name, sizeof(name));
+    snprintf(part, cap, "%s/%s", dir, name);
+    struct stat st;
+    int r = stat(part, &st) < 0 ? -errno : 0;
+    if (r == 0 && (uint64_t)st.st_size == ref->bytes)
+        return 0;
+    if (r < 0)
+        snprintf(why, sizeof(why), "%s: %s", part, omv_strerror(r));
+    else
+        snprintf(why, sizeof(why), "%s: %lld bytes, where the manifest names %" PRIu64, part,
+                 (long long)st.st_size, ref->bytes);
+    snprintf(err, OMV_CHECKPOINT_ERR_MAX,
+             "%s: the manifest is incomplete: its part %u of %u (shards [%u, %u)) cannot be "
+             "used: %s",
+             path, k + 1, c->n_parts, ref->first, ref->last, why);
+    return -EINVAL;
+}
+
 int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, char *err)
 {
+    char dir[4096], part[4300];
+    folder_of(path, dir, sizeof(dir));
+    /* Every part is there with its size, which bounds the model's, before the model is
+     * allocated. */
+    for (uint32_t i = 0; i < c->n_parts; i++)
+        if (part_there(c, i, dir, path, part, sizeof(part), err) < 0)
+            return -EINVAL;
     size_t bytes = (c->param_count ? c->param_count : 1) * sizeof(float);
     c->params = malloc(bytes);
     c->velocity = malloc(bytes);
@@ -257,13 +304,10 @@ int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, char *err)
     if (!c->params || !c->velocity || (c->adam && !c->second))
         return omv_ckio_corrupt(err, "%s: no memory for its %" PRIu64 " parameters", path,
                                 c->param_count);
-    char dir[4096];
-    folder_of(path, dir, sizeof(dir));
     for (uint32_t i = 0; i < c->n_parts; i++) {
         const omv_checkpoint_part_ref_t *ref = &c->parts[i];
-        char name[128], part[4300], why[OMV_CHECKPOINT_ERR_MAX];
-        omv_checkpoint_part_name(c->seq, ref->first, ref->last, name, sizeof(name));
-        snprintf(part, sizeof(part), "%s/%s", dir, name);
+        char why[OMV_CHECKPOINT_ERR_MAX];
+        part_there(c, i, dir, path, part, sizeof(part), why);
         int r = load_part(c, ref, part, why);
         if (r < 0) {
             snprintf(err, OMV_CHECKPOINT_ERR_MAX,

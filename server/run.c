@@ -539,9 +539,9 @@ static void cut_checkpoint(omv_run_t *r)
     cut_resume(r);
     int here = r->cut_ranges && !omv_run_parts_remote(r);
     r->cut_parts = 0;
-    if (!here)
-        return;         /* the model is the servers' (in their parts): an evaluation gathers it */
-    r->fetch_fresh = 1; /* an evaluation that waited may take this model */
+    /* An evaluation that waited takes the cut's model when it is here; otherwise (the model in
+     * the servers' parts, or a cut without ranges) it gathers it now. */
+    r->fetch_fresh = here;
     if (r->eval.wanted) {
         r->eval.wanted = 0;
         request_eval(r);
@@ -1235,6 +1235,7 @@ static void finishing(omv_run_t *r)
     if (remote(r) && r->cut_phase != 0) {
         /* The final model comes by a final gather; the servers stop holding steps back. */
         send_cut_op(r, OMV_SERVER_RESUME);
+        omv_run_parts_abandon(r);
         r->cut_phase = 0;
     }
     r->fetch_fresh = 0; /* what came before is not the final model */
@@ -2156,7 +2157,7 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
     size_t want = (size_t)state_arrays(r) * count * sizeof(float);
     if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
         return; /* an older gather's answer */
-    if (r->cut_phase == 2 && (!r->cut_ranges || g->part))
+    if (r->cut_phase == 2 && (!r->cut_ranges || (g->part && r->cut_parts)))
         want = 0; /* a cut without ranges, or the range in a part: the server's steps are in */
     if (g->first_shard != s->first || g->last_shard != s->last || bytes != want) {
         omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
@@ -2259,7 +2260,7 @@ static int start_failover(omv_run_t *r)
     r->env.servers->failovers_total++;
     r->cut_phase = 1;
     r->cut_ranges = 1;
-    r->cut_parts = 0; /* the coordinator takes every range: it makes the run again from them */
+    omv_run_parts_abandon(r); /* the coordinator takes every range: it makes the run again */
     r->cut_id = ++r->fetch_id;
     r->cut_left = r->n_servers;
     r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */

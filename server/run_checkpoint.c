@@ -256,7 +256,10 @@ int omv_run_ckpt_find(omv_run_ckpt_t *self, const omv_job_t *job, size_t param_c
         omv_checkpoint_fini(ret);
         return -EINVAL;
     }
-    self->seq = ret->seq;
+    /* Numbered after every file there, the unusable ones too: the next is the newest, and
+     * pruning keeps it rather than them. */
+    uint64_t newest = omv_checkpoint_newest_seq(self->dir);
+    self->seq = newest > ret->seq ? newest : ret->seq;
     omv_strlcpy(self->resumed_from, path, sizeof(self->resumed_from));
     omv_strlcpy(self->last_path, path, sizeof(self->last_path));
     return 1;

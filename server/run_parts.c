@@ -13,6 +13,9 @@
 #include "log.h"
 #include "util.h"
 
+/* settle_part: the coordinator cannot see a part its server wrote. */
+#define NOT_SHARED (-EREMOTE)
+
 omv_server_msg_t *omv_run_gathered_msg(const omv_run_t *r, omv_msg_t *msg, uint64_t id)
 {
     *msg = (omv_msg_t){.type = OMV_MSG_SERVER};
@@ -96,11 +99,11 @@ int omv_run_parts_send(omv_run_t *r, uint64_t gather_id)
 void omv_run_parts_take(omv_run_t *r, const omv_server_t *s, const omv_server_msg_t *g)
 {
     uint32_t id = omv_servers_id(r->env.servers, s);
-    if (!r->cut_parts || g->part_seq != r->cut_seq) {
+    if (g->part_seq != r->cut_seq) {
         omv_log_error("shard server %u wrote a part of checkpoint %" PRIu64
-                      ", but this cut is for %s %" PRIu64 ": left out",
-                      id, g->part_seq, r->cut_parts ? "checkpoint" : "no part of checkpoint",
-                      r->cut_seq);
+                      ", but this cut is for checkpoint %" PRIu64 ": the checkpoint fails",
+                      id, g->part_seq, r->cut_seq);
+        r->parts_how[s->first] = 3;
         return;
     }
     uint32_t off = r->shards->offsets[s->first];
@@ -131,10 +134,20 @@ int omv_run_parts_remote(const omv_run_t *r)
 {
     if (!r->cut_parts)
         return 0;
-    for (uint32_t i = 0; i < r->shards->n_shards; i++)
-        if (r->parts_how[i] == 1)
+    /* The model is here only when every range came here. */
+    for (uint32_t at = 0; at < r->shards->n_shards; at = r->parts[at].last)
+        if (r->parts_how[at] != 2 || r->parts[at].last <= at)
             return 1;
     return 0;
+}
+
+void omv_run_parts_abandon(omv_run_t *r)
+{
+    /* Servers may have written parts named after the cut's checkpoint: it is not used again,
+     * so that no later file of that name is taken with them. */
+    if (r->cut_parts && r->cut_phase >= 2 && r->ckpt.seq < r->cut_seq)
+        r->ckpt.seq = r->cut_seq;
+    r->cut_parts = 0;
 }
 
 /* Part ref's file in the checkpoint folder, written here when its range came here; checked to
@@ -155,18 +168,23 @@ static int settle_part(omv_run_t *r, omv_checkpoint_part_ref_t *ref, int how, ch
         };
         return omv_checkpoint_write_part(&p, r->ckpt.dir, ref, err);
     }
+    if (how == 3) {
+        snprintf(err, OMV_CHECKPOINT_ERR_MAX, "the part of shards [%u, %u) is another checkpoint's",
+                 ref->first, ref->last);
+        return -EIO;
+    }
     char name[128], path[OMV_JOB_PATH_MAX + 160];
     omv_checkpoint_part_name(r->cut_seq, ref->first, ref->last, name, sizeof(name));
     snprintf(path, sizeof(path), "%s/%s", r->ckpt.dir, name);
     struct stat st;
-    if (stat(path, &st) == 0 && (uint64_t)st.st_size == ref->bytes)
+    int seen = stat(path, &st) == 0;
+    if (seen && (uint64_t)st.st_size == ref->bytes)
         return 0;
     snprintf(err, OMV_CHECKPOINT_ERR_MAX,
              "its server wrote the part of shards [%u, %u) as %s, which the coordinator %s: the "
              "checkpoint folder is not storage the coordinator and the servers share",
-             ref->first, ref->last, path,
-             stat(path, &st) == 0 ? "sees with another size" : "cannot see");
-    return -ENOENT;
+             ref->first, ref->last, path, seen ? "sees with another size" : "cannot see");
+    return seen ? -EIO : NOT_SHARED;
 }
 
 int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
@@ -188,7 +206,7 @@ int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
         n_servers += r->parts_how[at] == 1;
         e = settle_part(r, &refs[n], r->parts_how[at], err);
     }
-    int again = e == -ENOENT && !r->parts_off;
+    int again = e == NOT_SHARED && !r->parts_off;
     if (again) {
         r->parts_off = 1;
         omv_log_warn("job '%s': %s; from now on the servers send their ranges to the coordinator, "

@@ -27,8 +27,13 @@ void omv_run_parts_take(omv_run_t *self, const omv_server_t *s, const omv_server
 /* The coordinator: server s's range came in the fetch arrays in place of a part. */
 void omv_run_parts_came(omv_run_t *self, const omv_server_t *s);
 
-/* The coordinator: whether a server wrote any part of this cut (the model is then not here). */
+/* The coordinator: whether the cut's model is not here: a range was written as a part by its
+ * server (or did not come at all). */
 int omv_run_parts_remote(const omv_run_t *self);
+
+/* The coordinator: a cut asked for parts is given up (the job ends, a failover): its checkpoint
+ * number is not used again. */
+void omv_run_parts_abandon(omv_run_t *self);
 
 /* The coordinator: writes the parts whose ranges came here, checks that it sees every part,
  * and writes the manifest from view v (the run's state, without the model). Returns 0 or a

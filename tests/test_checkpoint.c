@@ -652,6 +652,31 @@ START_TEST(test_checkpoint_dir_confined)
 }
 END_TEST
 
+START_TEST(test_find_numbers_after_unusable_ones)
+{
+    /* A resume that had to pass over damaged checkpoints numbers the next one after them all,
+     * so that pruning keeps what it writes and not the damaged ones. */
+    char state[700];
+    snprintf(state, sizeof(state), "%s/state", dir);
+    ck_assert_int_eq(mkdir(state, 0750), 0);
+    static omv_job_t job;
+    memset(&job, 0, sizeof(job));
+    strcpy(job.name, "j");
+    job.checkpoint_resume = 1;
+    omv_run_ckpt_t ck;
+    ck_assert_int_eq(omv_run_ckpt_init(&ck, &job, state, NULL), 0);
+    for (uint64_t s = 1; s <= 3; s++)
+        write_seq(ck.dir, s);
+    flip_byte(ckpt_path(ck.dir, 2), 40);
+    flip_byte(ckpt_path(ck.dir, 3), 40);
+    omv_checkpoint_t c;
+    ck_assert_int_eq(omv_run_ckpt_find(&ck, &job, 64, 4, &c), 1);
+    ck_assert_uint_eq(c.seq, 1);
+    ck_assert_uint_eq(ck.seq, 3);
+    omv_checkpoint_fini(&c);
+}
+END_TEST
+
 START_TEST(test_unknown_section_is_skipped)
 {
     /* A later version may add sections without a new format number. */
@@ -1521,6 +1546,7 @@ static Suite *checkpoint_suite(void)
     tcase_add_test(tc, test_write_replaces_and_clears_tmp);
     tcase_add_test(tc, test_tmp_link_not_followed);
     tcase_add_test(tc, test_checkpoint_dir_confined);
+    tcase_add_test(tc, test_find_numbers_after_unusable_ones);
     tcase_add_test(tc, test_unknown_section_is_skipped);
     tcase_add_test(tc, test_failed_write_keeps_previous);
     tcase_add_test(tc, test_optimizer_section_is_optional);

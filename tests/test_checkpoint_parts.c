@@ -226,6 +226,48 @@ START_TEST(test_other_part_is_refused)
 }
 END_TEST
 
+/* A part cut short (as a crash or a full disk on shared storage leaves it), or empty: named,
+ * and nothing past its end is read (valgrind's suite setup would see it). */
+START_TEST(test_short_part_names_it)
+{
+    const long keep[] = {0, 10, 31, 200};
+    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
+        uint64_t seq = 30 + i;
+        write_manifest(seq, 0);
+        ck_assert_int_eq(truncate(part_path(seq, 1), keep[i]), 0);
+        assert_read_fails(seq, part_path(seq, 1));
+        assert_read_fails(seq, "bytes, where the manifest names");
+    }
+}
+END_TEST
+
+/* A part whose file is whole and the size and CRC the manifest names, but which says it is
+ * another checkpoint's (or another job's, or another range's): refused by what it says. */
+START_TEST(test_part_of_another_job_is_refused)
+{
+    model_t m;
+    fill_model(&m, 40);
+    omv_checkpoint_part_t p = {
+        .seq = 40,
+        .job_name = "another-job",
+        .param_count = PARAMS,
+        .ref = {.first = 0, .last = 9, .offset = 0, .count = PARAMS},
+        .params = m.params,
+        .velocity = m.velocity,
+    };
+    omv_checkpoint_part_ref_t ref;
+    char err[OMV_CHECKPOINT_ERR_MAX];
+    ck_assert_int_eq(omv_checkpoint_write_part(&p, dir, &ref, err), 0);
+    uint64_t clocks[1] = {1};
+    omv_checkpoint_t c = {.seq = 40, .n_groups = 1, .clocks = clocks, .param_count = PARAMS};
+    snprintf(c.job_name, sizeof(c.job_name), "parts-job");
+    c.n_parts = 1;
+    c.parts = &ref;
+    ck_assert_int_eq(omv_checkpoint_write(&c, dir, NULL, 0, err), 0);
+    assert_read_fails(40, "is another part: checkpoint 40 of job 'another-job'");
+}
+END_TEST
+
 typedef struct {
     int calls;
     char reasons[4][OMV_CHECKPOINT_ERR_MAX];
@@ -289,7 +331,16 @@ START_TEST(test_prune_takes_the_parts)
 }
 END_TEST
 
-/* A manifest whose parts leave a gap, overlap or do not reach the end is refused as such. */
+/* A part file's size as the layout pins it: header, meta section (120 bytes), parameters and
+ * momentum sections, trailer. */
+static uint64_t part_file_bytes(uint64_t count)
+{
+    return 16 + (16 + 120) + 2 * (16 + count * 4) + 16;
+}
+
+/* A manifest whose parts leave a gap, overlap, do not reach the end, or name a file of another
+ * size than their parameters take is refused as such (before anything of that size is
+ * allocated). */
 START_TEST(test_manifest_parts_must_tile)
 {
     const struct {
@@ -297,21 +348,26 @@ START_TEST(test_manifest_parts_must_tile)
         uint32_t first1;
         const char *wants;
     } cases[] = {
-        {301, 699, 3, "does not follow"},
-        {299, 701, 3, "does not follow"},
-        {300, 600, 3, "hold 900 of 1000"},
-        {300, 700, 4, "does not follow"},
+        {301, 699, 3, "does not follow"},  {299, 701, 3, "does not follow"},
+        {300, 600, 3, "hold 900 of 1000"}, {300, 700, 4, "does not follow"},
+        {300, 700, 3, "names a file of"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         omv_checkpoint_part_ref_t refs[2] = {
-            {.first = 0, .last = 3, .offset = 0, .count = 300},
-            {.first = cases[i].first1, .last = 9, .offset = cases[i].off1, .count = cases[i].n1},
+            {.first = 0, .last = 3, .offset = 0, .count = 300, .bytes = part_file_bytes(300)},
+            {.first = cases[i].first1,
+             .last = 9,
+             .offset = cases[i].off1,
+             .count = cases[i].n1,
+             .bytes = part_file_bytes(cases[i].n1)},
         };
         uint64_t clocks[1] = {1};
         omv_checkpoint_t c = {.seq = 20 + i, .n_groups = 1, .clocks = clocks};
         c.param_count = PARAMS;
         c.n_parts = 2;
         c.parts = refs;
+        if (i == 4)
+            refs[1].bytes = 1ull << 40; /* a model of a terabyte, by its word */
         char err[OMV_CHECKPOINT_ERR_MAX];
         ck_assert_int_eq(omv_checkpoint_write(&c, dir, NULL, 0, err), 0);
         assert_read_fails(20 + i, cases[i].wants);
@@ -328,6 +384,8 @@ static Suite *parts_suite(void)
     tcase_add_test(tc, test_damaged_part_names_it);
     tcase_add_test(tc, test_missing_part_names_it);
     tcase_add_test(tc, test_other_part_is_refused);
+    tcase_add_test(tc, test_short_part_names_it);
+    tcase_add_test(tc, test_part_of_another_job_is_refused);
     tcase_add_test(tc, test_load_latest_skips_incomplete_manifest);
     tcase_add_test(tc, test_prune_takes_the_parts);
     tcase_add_test(tc, test_manifest_parts_must_tile);
