@@ -65,9 +65,14 @@ typedef struct {
     int pulled;           /* the next step's pull went out */
     int hook_err;         /* what went wrong inside the engine's hooks */
     double hook_s;        /* time spent in the hooks this step (not computing) */
-    uint32_t batch;       /* images to compute this step (from the daemon) */
-    uint64_t epoch;       /* passes over our slice */
-    uint32_t cursor;      /* next position in order */
+    /* Where a trainer's steps go, summed for the log at the end: computing, waiting for a
+     * step's first parameters (the group's other members and the apply), for the rest of them
+     * during forward, and sending gradients. */
+    uint64_t timed_steps;
+    double compute_s, begin_s, need_s, send_s;
+    uint32_t batch;  /* images to compute this step (from the daemon) */
+    uint64_t epoch;  /* passes over our slice */
+    uint32_t cursor; /* next position in order */
     int64_t last_sent_ms, last_recv_ms;
     omv_rng_t delay_rng;
 } session_t;
@@ -892,6 +897,7 @@ static void hook_need(void *ctx, size_t end)
     if (s->hook_err == 0)
         s->hook_err = await_params(s, end);
     s->hook_s += omv_time_s() - t0;
+    s->need_s += omv_time_s() - t0;
 }
 
 /* Asks for the next step's parameters, once a step. */
@@ -913,6 +919,7 @@ static void hook_ready(void *ctx, size_t from)
             s->hook_err = push_from(s, from);
     }
     s->hook_s += omv_time_s() - t0;
+    s->send_s += omv_time_s() - t0;
 }
 
 /* One step with communication overlapping it. Returns 0, WAIT_* or a negative errno. */
@@ -927,8 +934,13 @@ static int overlapped_step(session_t *s)
         return s->hook_err;
     /* What the step took to compute, without waiting for shards and sending gradients. */
     float ms = (float)((omv_time_s() - t0 - s->hook_s) * 1000.0);
+    double t1 = omv_time_s();
     int r = pull_next(s);
-    return r < 0 ? r : push_rest(s, loss, ms);
+    r = r < 0 ? r : push_rest(s, loss, ms);
+    s->send_s += omv_time_s() - t1;
+    s->compute_s += ms / 1000.0;
+    s->timed_steps++;
+    return r;
 }
 
 /* One step in the serial order: every shard, compute, every push, then the next pull. */
@@ -946,6 +958,22 @@ static int serial_step(session_t *s)
     float ms = (float)((omv_time_s() - t0) * 1000.0);
     r = push_rest(s, loss, ms);
     return r < 0 ? r : pull_next(s);
+}
+
+/* Where the steps went since the last summary (overlapped steps only: the serial order is for
+ * emulated slow devices). */
+static void log_step_times(session_t *s)
+{
+    if (s->timed_steps == 0)
+        return;
+    double n = (double)s->timed_steps;
+    omv_log_info("worker %u: %llu steps; per step %.2f ms computing, %.2f ms waiting for the "
+                 "step's first parameters, %.2f ms for the rest of them, %.2f ms sending "
+                 "gradients",
+                 s->worker_id, (unsigned long long)s->timed_steps, s->compute_s * 1e3 / n,
+                 s->begin_s * 1e3 / n, s->need_s * 1e3 / n, s->send_s * 1e3 / n);
+    s->timed_steps = 0;
+    s->compute_s = s->begin_s = s->need_s = s->send_s = 0.0;
 }
 
 static int train(session_t *s)
@@ -971,12 +999,15 @@ static int train(session_t *s)
     int overlap = !s->cfg->no_overlap && s->cfg->slowdown <= 1.0 && s->cfg->delay_max_ms <= 0;
     r = send_pull(s, s->start_step);
     for (uint64_t step = s->start_step; r == 0; step++) {
+        double t0 = omv_time_s();
         r = begin_step(s, &step);
+        s->begin_s += omv_time_s() - t0;
         if (r != 0)
-            return r;
+            break;
         next_batch(s, s->batch);
         r = overlap ? overlapped_step(s) : serial_step(s);
     }
+    log_step_times(s);
     return r;
 }
 
