@@ -25,12 +25,20 @@ int omv_strlcpy(char *dst, const char *src, size_t cap);
  * reply; an escape is never cut in half. Returns -ENAMETOOLONG when it had to cut, else 0. */
 int omv_str_escape(char *dst, const char *src, size_t cap);
 
-/* True when every one of the n floats is finite. */
 /* Tunes the allocator so that large buffers freed and allocated again (ZeroMQ messages of
  * parameters and gradients) reuse resident memory instead of fresh pages. Call once at start. */
 void omv_keep_memory_resident(void);
 
+/* True when every one of the n floats is finite. */
 int omv_all_finite(const float *v, size_t n);
+
+/* A gradient taken in, in one pass over src[n] that reads each value once (src may be memory a
+ * peer writes meanwhile: what is checked is what is kept): dst[i] = src[i], or with onto_zero
+ * 0.0f + src[i] (bit for bit what adding it to a sum of zeros gives); *ret_sum_squares gets
+ * omv_sum_squares(src, n_squares) bit for bit (n_squares <= n). Returns whether all n are
+ * finite. */
+int omv_take_checked(float *dst, const float *src, size_t n, size_t n_squares, int onto_zero,
+                     float *ret_sum_squares);
 
 /* The sum of the squares of v[n], in float: infinite for values whose squares overflow. */
 float omv_sum_squares(const float *v, size_t n);

@@ -243,6 +243,13 @@ void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *
                      sgd->weight_decay);
 }
 
+float *omv_shard_sum(omv_shard_t *self, uint32_t group)
+{
+    if (self->pending[group] == NULL)
+        self->pending[group] = calloc(self->count ? self->count : 1, sizeof(float));
+    return self->pending[group];
+}
+
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
 {
     if (self->pending[group] == NULL) {

@@ -54,6 +54,9 @@ int omv_shard_use_adam(omv_shard_t *self);
 /* Adds grad[count] to the group's pending sum. Returns 0, or -ENOMEM when the group's sum
  * could not be made (the gradient is then not added). */
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
+/* The group's pending sum (made, zero, the first time), for a gradient taken straight into it
+ * while the sum is still zero; NULL when it cannot be made. */
+float *omv_shard_sum(omv_shard_t *self, uint32_t group);
 /* The same for a gradient of bf16 values (any alignment), widened as it is added: exactly what
  * adding its fp32 widening would do, in one pass. */
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16);

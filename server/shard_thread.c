@@ -189,16 +189,8 @@ static const float *as_weighted_f32(omv_shard_thread_t *self, const omv_shard_cm
  * magnitude and one hard example is a hundred times the mean, which is training, not an
  * attack; what ruins a model is far beyond anything the job ever sent. Zero gradients teach
  * nothing and are not counted. */
-static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const float *grad,
-                     const void *g16)
+static int norm_ok(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, float norm)
 {
-    if (cmd->norm_bound <= 0.0f)
-        return 1;
-    /* The trained values only: the state (batch norm's running statistics) is no gradient. */
-    uint32_t n = self->shard->trained;
-    if (n == 0)
-        return 1;
-    float norm = sqrtf(g16 ? omv_bf16_sum_squares(g16, n) : omv_sum_squares(grad, n));
     if (self->norms_learned >= cmd->norm_warmup &&
         !((double)norm <= (double)cmd->norm_bound * self->norm_peak)) {
         self->last_norm = norm;
@@ -211,6 +203,17 @@ static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
         self->norms_learned++;
     }
     return 1;
+}
+
+/* norm_ok for grad (or g16 as bf16): the trained values only, the state (batch norm's running
+ * statistics) is no gradient. */
+static int norm_fits(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const float *grad,
+                     const void *g16)
+{
+    uint32_t n = self->shard->trained;
+    if (cmd->norm_bound <= 0.0f || n == 0)
+        return 1;
+    return norm_ok(self, cmd, sqrtf(g16 ? omv_bf16_sum_squares(g16, n) : omv_sum_squares(grad, n)));
 }
 
 /* Adds a gradient (grad, or g16 as bf16) that is finite and within the norm bound; refuses
@@ -259,11 +262,36 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
     omv_shard_t *sh = self->shard;
     if (cmd->shm_src == NULL || cmd->group >= sh->n_groups)
         return;
-    memcpy(self->scratch, cmd->shm_src + sh->offset, sh->count * sizeof(float));
-    omv_shard_cmd_t fp32 = *cmd;
-    fp32.wire = OMV_WIRE_FP32;
-    const float *grad = as_weighted_f32(self, &fp32, self->scratch, sh->count * sizeof(float));
-    check_and_add(self, cmd, peer, peer_len, grad, NULL);
+    const float *src = cmd->shm_src + sh->offset;
+    if (cmd->weight != 0.0f && cmd->weight != 1.0f) {
+        memcpy(self->scratch, src, sh->count * sizeof(float));
+        omv_shard_cmd_t fp32 = *cmd;
+        fp32.wire = OMV_WIRE_FP32;
+        const float *grad = as_weighted_f32(self, &fp32, self->scratch, sh->count * sizeof(float));
+        check_and_add(self, cmd, peer, peer_len, grad, NULL);
+        return;
+    }
+    /* One pass takes the copy and makes the checks; the first gradient of the group's step goes
+     * straight into its sum, which is zero until then. */
+    float *sum =
+        !cmd->solo && self->counted[cmd->group] == 0 ? omv_shard_sum(sh, cmd->group) : NULL;
+    float *dst = sum ? sum : self->scratch, squares;
+    int finite = omv_take_checked(dst, src, sh->count, sh->trained, sum != NULL, &squares);
+    int fits = finite &&
+               (cmd->norm_bound <= 0.0f || sh->trained == 0 || norm_ok(self, cmd, sqrtf(squares)));
+    if (!fits) {
+        if (sum)
+            memset(sum, 0, sh->count * sizeof(float));
+        reply(self, finite ? OMV_SHARD_REPLY_NORM : OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len,
+              NULL, 0, NULL);
+        return;
+    }
+    if (sum == NULL) {
+        add_gradient(self, cmd, self->scratch, NULL);
+        return;
+    }
+    self->counted[cmd->group]++;
+    atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
 }
 
 /* Parameters into the worker's shared segment; only the envelope goes out. */

@@ -12,6 +12,7 @@
 #include "shard.h"
 #include "shard_thread.h"
 #include "testutil.h"
+#include "util.h"
 
 /* The update as the header documents it, written out on its own in double. The test numbers are
  * short binary fractions, so every intermediate is exact in float as well. */
@@ -341,6 +342,41 @@ static void pull_past_snapshots(int threaded)
     omv_shard_fini(&sh);
     omv_test_rmdir(dir);
 }
+
+/* The one pass that takes a gradient in (from a worker's shared segment): the copy, the
+ * finite check and the squares are bit for bit what the three passes it replaces give, and
+ * "onto zero" is what adding to a zero sum gives, signed zeros too. */
+START_TEST(test_take_checked_is_the_three_passes)
+{
+    enum { N = 1003, TRAINED = 997 };
+    static float src[N], dst[N], want[N], zero[N];
+    for (int i = 0; i < N; i++)
+        src[i] = (float)((i * 7919) % 2001 - 1000) / 64.0f * (i % 3 ? 1.0f : 1e-20f);
+    src[5] = -0.0f;
+    src[6] = 0.0f;
+    src[N - 1] = 1e30f; /* past the trained values: no square of it */
+    float squares = -1.0f;
+    ck_assert(omv_take_checked(dst, src, N, TRAINED, 0, &squares));
+    ck_assert_int_eq(memcmp(dst, src, sizeof(src)), 0);
+    float ref = omv_sum_squares(src, TRAINED);
+    ck_assert_int_eq(memcmp(&squares, &ref, sizeof(ref)), 0);
+    memset(zero, 0, sizeof(zero));
+    for (int i = 0; i < N; i++)
+        want[i] = zero[i] + src[i];
+    ck_assert(omv_take_checked(dst, src, N, TRAINED, 1, &squares));
+    ck_assert_int_eq(memcmp(dst, want, sizeof(want)), 0);
+    ck_assert(signbit(dst[5]) == 0 && signbit(src[5]) != 0); /* 0.0f + -0.0f is +0 */
+    /* A value that is not finite, anywhere, the state's part too. */
+    const int at[] = {0, 8, TRAINED - 1, N - 1};
+    for (size_t k = 0; k < sizeof(at) / sizeof(at[0]); k++) {
+        float keep = src[at[k]];
+        src[at[k]] = k % 2 ? NAN : -INFINITY;
+        ck_assert(!omv_take_checked(dst, src, N, TRAINED, 0, &squares));
+        ck_assert_int_eq(omv_all_finite(src, N), 0);
+        src[at[k]] = keep;
+    }
+}
+END_TEST
 
 START_TEST(test_start_stop)
 {
@@ -792,6 +828,7 @@ static Suite *shard_suite(void)
     tcase_add_test(tc, test_no_contributors);
     tcase_add_test(tc, test_groups_independent);
     tcase_add_test(tc, test_discard);
+    tcase_add_test(tc, test_take_checked_is_the_three_passes);
     tcase_add_test(tc, test_apply_one_is_sum_and_apply);
     tcase_add_test(tc, test_adam_by_hand);
     tcase_add_test(tc, test_adamw_by_hand);
