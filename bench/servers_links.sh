@@ -7,7 +7,7 @@
 # 1, 2 and 4 shard servers of their own, next to PyTorch DDP with one rank per worker host
 # (gloo) on the same links, when python3-torch is there. Medians of RUNS interleaved runs.
 # Needs root (skips otherwise).
-# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts) from
+# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts), KEEP_LOGS from
 # the environment; a server count with r, as SERVERS="2 2r", runs [cluster] replicas = 2 with a
 # backup of each range on a host of its own: 2r takes 4 server hosts)
 set -eu
@@ -90,6 +90,8 @@ one_run() { # one_run SERVERS (2r: 2 servers with replicas = 2): prints "images_
     echo "$(val images_per_second) $(val test_accuracy)"
     "$ctl" --socket "$sock" shutdown >/dev/null 2>&1 || true
     stop_all
+    # KEEP_LOGS=DIR: each run's logs (the workers' step profiles among them) stay there
+    [ -z "${KEEP_LOGS:-}" ] || { d="$KEEP_LOGS/$RATE-$1-$(date +%s%N)"; mkdir -p "$d"; cp "$tmp"/*.log "$d"/; }
 }
 ddp_run() { # one rank per worker host, rank 0 (the rendezvous) on w1
     port=$((29500 + $$ % 400)) ranks=""
