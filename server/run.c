@@ -1039,12 +1039,38 @@ static int backup_hold(omv_run_t *r, member_t *m, const omv_push_t *p)
         r->part_broken = 1;
         return 1;
     }
-    omv_run_held_t *h = &r->held[r->n_held++];
+    omv_run_held_t *h = &r->held[r->n_held];
+    omv_router_take_payload(r->env.router, &h->payload);
+    size_t len = 0,
+           range = (size_t)(r->shards->offsets[r->part.last] - r->shards->offsets[r->part.first]) *
+                   sizeof(float);
+    omv_payload_data(&h->payload, &len);
+    size_t cap = 4 * range * (r->n_slots ? r->n_slots : 1);
+    if (cap < OMV_RUN_HELD_MIN_BYTES)
+        cap = OMV_RUN_HELD_MIN_BYTES;
+    if (r->held_bytes + len > cap) {
+        omv_payload_close(&h->payload);
+        if (!r->part_broken)
+            omv_log_error("backup of shards [%u, %u): %zu bytes of pushes wait for their steps, "
+                          "the most it keeps: it no longer follows its primary",
+                          r->part.first, r->part.last, r->held_bytes + len);
+        r->part_broken = 1;
+        return 1;
+    }
+    r->n_held++;
+    r->held_bytes += len;
     h->since_ms = omv_time_ms();
     h->worker_id = id;
     h->push = *p;
-    omv_router_take_payload(r->env.router, &h->payload);
     return 1;
+}
+
+/* A held push leaves the queue (taken, or its worker gone): its bytes no longer count. */
+static void held_out(omv_run_t *r, omv_run_held_t *h)
+{
+    size_t len = 0;
+    omv_payload_data(&h->payload, &len);
+    r->held_bytes -= len < r->held_bytes ? len : r->held_bytes;
 }
 
 /* The held pushes whose steps have come, in the order they came. */
@@ -1062,6 +1088,8 @@ static void backup_release(omv_run_t *r)
             (r->state == JOB_WAITING || backup_beyond_cut(r, g, h.push.step) ||
              h.push.step > omv_groups_clock(r->groups, (uint32_t)g)))
             wait = 1;
+        if (!wait || g < 0)
+            held_out(r, &h);
         if (g < 0) {
             omv_payload_close(&h.payload); /* gone meanwhile */
         } else if (wait) {
@@ -1866,6 +1894,7 @@ void omv_run_destroy(omv_run_t **self_p)
     }
     for (uint32_t i = 0; i < r->n_held; i++)
         omv_payload_close(&r->held[i].payload);
+    r->held_bytes = 0;
     free(r->held);
     free(r->fetch_params);
     free(r->fetch_velocity);

@@ -75,6 +75,9 @@ typedef struct {
 } omv_run_held_t;
 #define OMV_RUN_HELD_MAX 1024
 #define OMV_RUN_HELD_MAX_MS 10000 /* a push waiting longer: the backup missed one */
+/* The held pushes' bytes, at most: four steps of the range from every slot (a member is a step
+ * ahead of its group at most), and never less than this. */
+#define OMV_RUN_HELD_MIN_BYTES (64u << 20)
 
 /* The fields are for reading (status, commands); the run changes them. */
 typedef struct {
@@ -168,9 +171,10 @@ typedef struct {
     int part_probing;     /* the coordinator's optimizer probes: steps here are not training's */
     omv_run_held_t *held; /* a backup's pushes waiting for their step [OMV_RUN_HELD_MAX] */
     uint32_t n_held;
-    int part_broken; /* a shard server's part no longer is the coordinator's (a backup that lost
-                      * track, a change that does not fit): it is dropped and the coordinator
-                      * told */
+    size_t held_bytes; /* their payloads' */
+    int part_broken;   /* a shard server's part no longer is the coordinator's (a backup that lost
+                        * track, a change that does not fit): it is dropped and the coordinator
+                        * told */
     /* A backup at a cut: pushes for the cut's steps and later wait until the coordinator's
      * orders at the cut are carried out here too. */
     int backup_cut_on;
