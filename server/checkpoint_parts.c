@@ -263,15 +263,23 @@ static void folder_of(const char *path, char *dir, size_t cap)
     dir[n ? n : 1] = '\0';
 }
 
-/* Part k of manifest c (read from path, in folder dir): its path into part[cap]; 0, or -EINVAL
- * with the reason in err unless the file is there with the size the manifest names. */
+/* Part k of manifest c, in folder dir: its path into part[cap]. */
+static void part_path(const omv_checkpoint_t *c, uint32_t k, const char *dir, char *part,
+                      size_t cap)
+{
+    char name[128];
+    omv_checkpoint_part_name(c->seq, c->parts[k].first, c->parts[k].last, name, sizeof(name));
+    snprintf(part, cap, "%s/%s", dir, name);
+}
+
+/* part_path, and 0, or -EINVAL with the reason in err (naming the manifest at path) unless the
+ * file is there with the size the manifest names. */
 static int part_there(const omv_checkpoint_t *c, uint32_t k, const char *dir, const char *path,
                       char *part, size_t cap, char *err)
 {
     const omv_checkpoint_part_ref_t *ref = &c->parts[k];
-    char name[128], why[600];
-    omv_checkpoint_part_name(c->seq, ref->first, ref->last, name, sizeof(name));
-    snprintf(part, cap, "%s/%s", dir, name);
+    char why[600];
+    part_path(c, k, dir, part, cap);
     struct stat st;
     int r = stat(part, &st) < 0 ? -errno : 0;
     if (r == 0 && (uint64_t)st.st_size == ref->bytes)
@@ -307,7 +315,7 @@ int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, char *err)
     for (uint32_t i = 0; i < c->n_parts; i++) {
         const omv_checkpoint_part_ref_t *ref = &c->parts[i];
         char why[OMV_CHECKPOINT_ERR_MAX];
-        part_there(c, i, dir, path, part, sizeof(part), why);
+        part_path(c, i, dir, part, sizeof(part));
         int r = load_part(c, ref, part, why);
         if (r < 0) {
             snprintf(err, OMV_CHECKPOINT_ERR_MAX,

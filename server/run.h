@@ -73,6 +73,14 @@ typedef struct {
     omv_push_t push;
     omv_payload_t payload;
 } omv_run_held_t;
+/* How a range's part of a checkpoint's cut came to the coordinator. */
+enum {
+    OMV_RUN_PART_NONE = 0, /* not yet */
+    OMV_RUN_PART_WRITTEN,  /* its server wrote it */
+    OMV_RUN_PART_CAME,     /* its range came instead: the coordinator writes it */
+    OMV_RUN_PART_WRONG,    /* its server wrote another checkpoint's: the checkpoint fails */
+};
+
 #define OMV_RUN_HELD_MAX 1024
 #define OMV_RUN_HELD_MAX_MS 10000 /* a push waiting longer: the backup missed one */
 /* The held pushes' bytes, at most: four steps of the range from every slot (a member is a step
@@ -190,9 +198,9 @@ typedef struct {
      * 0 not tried (checkpoints off). */
     int final_eval, final_ckpt;
     /* A checkpoint's cut over shard servers in parts (run_parts.h): on the coordinator, the
-     * checkpoint the parts are for, each range's part by its first shard (parts_how: 0 not in,
-     * 1 written by its server, 2 its range came instead), and whether the servers write parts
-     * at all; on a server, the folder and checkpoint of the cut's part. */
+     * checkpoint the parts are for, each range's part by its first shard and how it came
+     * (OMV_RUN_PART_*), and whether the servers write parts at all; on a server, the folder and
+     * checkpoint of the cut's part. */
     int cut_parts, parts_off;
     uint64_t cut_seq;
     uint8_t parts_how[OMV_WIRE_MAX_SHARDS];

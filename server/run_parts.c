@@ -96,38 +96,35 @@ int omv_run_parts_send(omv_run_t *r, uint64_t gather_id)
     return 0; /* written: the coordinator hears of it, or the cut is given up */
 }
 
-void omv_run_parts_take(omv_run_t *r, const omv_server_t *s, const omv_server_msg_t *g)
+/* Server s's range as this cut's part, come as how (OMV_RUN_PART_*). */
+static void record_part(omv_run_t *r, const omv_server_t *s, int how, uint32_t crc, uint64_t bytes)
 {
-    uint32_t id = omv_servers_id(r->env.servers, s);
-    if (g->part_seq != r->cut_seq) {
-        omv_log_error("shard server %u wrote a part of checkpoint %" PRIu64
-                      ", but this cut is for checkpoint %" PRIu64 ": the checkpoint fails",
-                      id, g->part_seq, r->cut_seq);
-        r->parts_how[s->first] = 3;
-        return;
-    }
     uint32_t off = r->shards->offsets[s->first];
     r->parts[s->first] = (omv_checkpoint_part_ref_t){
         .first = s->first,
         .last = s->last,
         .offset = off,
         .count = r->shards->offsets[s->last] - off,
-        .crc = g->part_crc,
-        .bytes = g->part_bytes,
+        .crc = crc,
+        .bytes = bytes,
     };
-    r->parts_how[s->first] = 1;
+    r->parts_how[s->first] = (uint8_t)how;
+}
+
+void omv_run_parts_take(omv_run_t *r, const omv_server_t *s, const omv_server_msg_t *g)
+{
+    int wrong = g->part_seq != r->cut_seq;
+    if (wrong)
+        omv_log_error("shard server %u wrote a part of checkpoint %" PRIu64
+                      ", but this cut is for checkpoint %" PRIu64 ": the checkpoint fails",
+                      omv_servers_id(r->env.servers, s), g->part_seq, r->cut_seq);
+    record_part(r, s, wrong ? OMV_RUN_PART_WRONG : OMV_RUN_PART_WRITTEN, g->part_crc,
+                g->part_bytes);
 }
 
 void omv_run_parts_came(omv_run_t *r, const omv_server_t *s)
 {
-    uint32_t off = r->shards->offsets[s->first];
-    r->parts[s->first] = (omv_checkpoint_part_ref_t){
-        .first = s->first,
-        .last = s->last,
-        .offset = off,
-        .count = r->shards->offsets[s->last] - off,
-    };
-    r->parts_how[s->first] = 2;
+    record_part(r, s, OMV_RUN_PART_CAME, 0, 0);
 }
 
 int omv_run_parts_remote(const omv_run_t *r)
@@ -136,7 +133,7 @@ int omv_run_parts_remote(const omv_run_t *r)
         return 0;
     /* The model is here only when every range came here. */
     for (uint32_t at = 0; at < r->shards->n_shards; at = r->parts[at].last)
-        if (r->parts_how[at] != 2 || r->parts[at].last <= at)
+        if (r->parts_how[at] != OMV_RUN_PART_CAME || r->parts[at].last <= at)
             return 1;
     return 0;
 }
@@ -154,7 +151,7 @@ void omv_run_parts_abandon(omv_run_t *r)
  * be where the coordinator sees it when a server wrote it. Returns 0 or -errno with err set. */
 static int settle_part(omv_run_t *r, omv_checkpoint_part_ref_t *ref, int how, char *err)
 {
-    if (how == 2) {
+    if (how == OMV_RUN_PART_CAME) {
         const omv_shardset_t *sh = r->shards;
         omv_checkpoint_part_t p = {
             .seq = r->cut_seq,
@@ -168,7 +165,7 @@ static int settle_part(omv_run_t *r, omv_checkpoint_part_ref_t *ref, int how, ch
         };
         return omv_checkpoint_write_part(&p, r->ckpt.dir, ref, err);
     }
-    if (how == 3) {
+    if (how == OMV_RUN_PART_WRONG) {
         snprintf(err, OMV_CHECKPOINT_ERR_MAX, "the part of shards [%u, %u) is another checkpoint's",
                  ref->first, ref->last);
         return -EIO;
@@ -197,13 +194,13 @@ int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
         snprintf(err, sizeof(err), "its parts are for checkpoint %" PRIu64 ", the next is %" PRIu64,
                  r->cut_seq, r->ckpt.seq + 1);
     for (uint32_t at = 0; e == 0 && at < r->shards->n_shards; at = refs[n++].last) {
-        if (r->parts_how[at] == 0) {
+        if (r->parts_how[at] == OMV_RUN_PART_NONE) {
             snprintf(err, sizeof(err), "no part of the range from shard %u came", at);
             e = -EIO;
             break;
         }
         refs[n] = r->parts[at];
-        n_servers += r->parts_how[at] == 1;
+        n_servers += r->parts_how[at] == OMV_RUN_PART_WRITTEN;
         e = settle_part(r, &refs[n], r->parts_how[at], err);
     }
     int again = e == NOT_SHARED && !r->parts_off;

@@ -1000,6 +1000,21 @@ static int holder_of(const char *role, int first, int n)
     return found;
 }
 
+/* A job of epochs over 2 ranges x 2 copies (no periodic checkpoints): the coordinator (*d),
+ * 4 shard servers (s) and 2 trainers and an evaluator (w). */
+static void start_replicated(int epochs, pid_t *d, pid_t s[4], pid_t w[3])
+{
+    write_job(2, epochs,
+              "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\n"
+              "[checkpoint]\nevery_s = 0");
+    *d = start_coordinator("servers");
+    for (int i = 0; i < 4; i++)
+        s[i] = start_shard(i);
+    w[0] = start_worker("trainer");
+    w[1] = start_worker("trainer");
+    w[2] = start_worker("evaluator");
+}
+
 START_TEST(test_servers_failover)
 {
     /* [cluster] replicas = 2: each of the 2 ranges has a backup on another shard server, which
@@ -1015,14 +1030,8 @@ START_TEST(test_servers_failover)
     omv_checkpoint_t one, spread;
     train_on_one(&one);
     coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
-    write_job(2, 100,
-              "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\n"
-              "[checkpoint]\nevery_s = 0");
-    pid_t d = start_coordinator("servers");
-    pid_t s[4];
-    for (int i = 0; i < 4; i++)
-        s[i] = start_shard(i);
-    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    pid_t d, s[4], w[3];
+    start_replicated(100, &d, s, w);
     wait_status("steps_total", 300, 60000);
     int victim = holder_of("primary", 1, 4);
     ck_assert_msg(victim >= 0, "no primary of shard 1");
@@ -1079,14 +1088,8 @@ START_TEST(test_servers_backup_lost_with_churn)
      * gradient once. */
     model_section = "layers = 64 32 4";
     coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
-    write_job(2, 120,
-              "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\n"
-              "[checkpoint]\nevery_s = 0");
-    pid_t d = start_coordinator("servers");
-    pid_t s[4];
-    for (int i = 0; i < 4; i++)
-        s[i] = start_shard(i);
-    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    pid_t d, s[4], w[3];
+    start_replicated(120, &d, s, w);
     wait_status("steps_total", 200, 60000);
     kill(w[1], SIGKILL);
     waitpid(w[1], NULL, 0);
