@@ -7,7 +7,7 @@
 # 1, 2 and 4 shard servers of their own, next to PyTorch DDP with one rank per worker host
 # (gloo) on the same links, when python3-torch is there. Medians of RUNS interleaved runs.
 # Needs root (skips otherwise).
-# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts), KEEP_LOGS from
+# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts), KEEP_LOGS, DDP (no: skip it) from
 # the environment; a server count with r, as SERVERS="2 2r", runs [cluster] replicas = 2 with a
 # backup of each range on a host of its own: 2r takes 4 server hosts)
 set -eu
@@ -110,6 +110,7 @@ ddp_run() { # one rank per worker host, rank 0 (the rendezvous) on w1
 have_ddp=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_ddp=1
 [ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
+[ "${DDP:-yes}" = yes ] || have_ddp=0
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, $WORKERS workers x 64 images, bf16, $LIMIT images x $EPOCHS epochs; every link shaped"
 printf '%-8s %-10s %12s %10s\n' link servers images/s accuracy

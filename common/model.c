@@ -638,3 +638,25 @@ uint32_t omv_model_shard_layout(const omv_model_layout_t *self, uint32_t n_shard
     offsets[n] = (uint32_t)total;
     return n;
 }
+
+/* How far boundary at is from goal, in parameters. */
+static uint64_t distance(uint64_t at, uint64_t goal)
+{
+    return at > goal ? at - goal : goal - at;
+}
+
+void omv_model_shard_ranges(const uint32_t *offsets, uint32_t n_shards, uint32_t n, uint32_t *ends)
+{
+    uint64_t total = offsets[n_shards];
+    uint32_t at = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t goal = total * (i + 1) / n;
+        uint32_t end = at + 1;
+        /* Leave a shard for every holder after this one. */
+        while (end < n_shards - (n - 1 - i) &&
+               distance(offsets[end + 1], goal) < distance(offsets[end], goal))
+            end++;
+        ends[i] = i == n - 1 ? n_shards : end;
+        at = ends[i];
+    }
+}

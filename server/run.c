@@ -1782,6 +1782,12 @@ static int setup_model(omv_run_t *r)
         return -errno;
     if (j->init[0] && load_init(r) < 0)
         return -EINVAL;
+    if (remote(r) && r->shards->n_shards < (uint32_t)j->servers) {
+        omv_log_error("job '%s': the model splits into only %u shards along its layers, fewer "
+                      "than [cluster] servers = %lld: give fewer servers",
+                      j->name, r->shards->n_shards, (long long)j->servers);
+        return -EINVAL;
+    }
     if (r->is_part && (r->part.first >= r->part.last || r->part.last > r->shards->n_shards)) {
         omv_log_error("the coordinator assigns shards [%u, %u) of %u", r->part.first, r->part.last,
                       r->shards->n_shards);
@@ -1958,22 +1964,15 @@ static void assign_backups(omv_run_t *r)
 }
 
 /* Spreads the shards over the servers in order, each about the same bytes (at least a shard
- * each): server i ends where the model's first (i + 1) / n of the parameters end. */
+ * each). */
 static void assign_ranges(omv_run_t *r)
 {
-    uint32_t n = r->n_servers, shards = r->shards->n_shards, at = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    uint32_t ends[OMV_WIRE_MAX_SERVERS], at = 0;
+    omv_model_shard_ranges(r->shards->offsets, r->shards->n_shards, r->n_servers, ends);
+    for (uint32_t i = 0; i < r->n_servers; i++) {
         omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
-        uint64_t goal = (uint64_t)r->layout.param_count * (i + 1) / n;
-        uint32_t end = at + 1;
-        while (end < shards - (n - 1 - i) && r->shards->offsets[end] < goal &&
-               goal - r->shards->offsets[end] > r->shards->offsets[end + 1] - goal)
-            end++;
-        if (i == n - 1)
-            end = shards;
         s->first = at;
-        s->last = end;
-        at = end;
+        s->last = at = ends[i];
     }
 }
 

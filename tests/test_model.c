@@ -288,6 +288,45 @@ START_TEST(test_shard_layout_follows_layers)
 }
 END_TEST
 
+START_TEST(test_shard_ranges_even)
+{
+    /* The example MLP in 8 shards of about 25k parameters: 2 servers get 4 shards each, 4 get
+     * 2 each (an unsigned slip once gave the first server 1 shard and the last 7). */
+    omv_model_layout_t l;
+    uint32_t widths[] = {784, 256, 10}, off[OMV_MODEL_MAX_SHARDS + 1], ends[16];
+    ck_assert_int_eq(omv_model_layout(&l, widths, 3), 0);
+    ck_assert_uint_eq(omv_model_shard_layout(&l, 8, off), 8);
+    omv_model_shard_ranges(off, 8, 2, ends);
+    ck_assert_uint_eq(ends[0], 4);
+    ck_assert_uint_eq(ends[1], 8);
+    omv_model_shard_ranges(off, 8, 4, ends);
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert_uint_eq(ends[i], 2 * (i + 1));
+    omv_model_shard_ranges(off, 8, 1, ends);
+    ck_assert_uint_eq(ends[0], 8);
+    /* As many holders as shards: one each. Uneven shards: each range ends at the boundary
+     * nearest its share, and every holder gets at least one shard. */
+    omv_model_shard_ranges(off, 8, 8, ends);
+    for (uint32_t i = 0; i < 8; i++)
+        ck_assert_uint_eq(ends[i], i + 1);
+    uint32_t skew[] = {0, 10, 20, 30, 1000, 1010, 1020, 1030, 2000};
+    omv_model_shard_ranges(skew, 8, 2, ends);
+    ck_assert_uint_eq(ends[0], 4); /* 1000 is the half's end */
+    omv_model_shard_ranges(skew, 8, 4, ends);
+    /* shares end at 500, 1000, 1500: nearest are 30 (or 1000), 1000, then 1030 (a shard left
+     * for the last) */
+    ck_assert_uint_eq(ends[0], 3);
+    ck_assert_uint_eq(ends[1], 4);
+    ck_assert_uint_eq(ends[2], 7);
+    ck_assert_uint_eq(ends[3], 8);
+    uint32_t big_first[] = {0, 900, 910, 920, 1000};
+    omv_model_shard_ranges(big_first, 4, 3, ends);
+    ck_assert_uint_eq(ends[0], 1);
+    ck_assert_uint_eq(ends[1], 2);
+    ck_assert_uint_eq(ends[2], 4);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("model");
@@ -300,6 +339,7 @@ int main(void)
     tcase_add_test(tc, test_init_by_fan_in);
     tcase_add_test(tc, test_shard_offsets);
     tcase_add_test(tc, test_shard_layout_follows_layers);
+    tcase_add_test(tc, test_shard_ranges_even);
     suite_add_tcase(s, tc);
     return omv_test_run(s);
 }
