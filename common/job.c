@@ -108,7 +108,9 @@ const omv_config_entry_t omv_job_table[] = {
      "group back)"},
     {"cluster", "wire", STR(wire_name), "bf16", 0, 0, 0,
      "how parameters and gradients travel: bf16 (half the bytes, rounded to nearest even; the "
-     "daemon keeps and updates fp32) or fp32 (exact)"},
+     "daemon keeps and updates fp32), fp32 (exact), or int8 (gradients as int8 with a scale "
+     "per 64 values, about a quarter of the bytes, the rounding error carried into the worker's "
+     "next gradient; parameters as bf16)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead"},
     {"cluster", "progress_timeout_s", DBL(progress_timeout_s), "60", 0.1, 86400, 0,
@@ -317,12 +319,15 @@ static int validate_model(omv_job_t *job, const char *path, int layers_line, cha
             r = -EINVAL;
         }
     }
-    if (r == 0 && strcmp(job->wire_name, "fp32") != 0 && strcmp(job->wire_name, "bf16") != 0) {
-        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] wire: '%s' is not fp32 or bf16", path,
-                 job->wire_name);
+    if (r == 0 && strcmp(job->wire_name, "fp32") != 0 && strcmp(job->wire_name, "bf16") != 0 &&
+        strcmp(job->wire_name, "int8") != 0) {
+        snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] wire: '%s' is not fp32, bf16 or int8",
+                 path, job->wire_name);
         r = -EINVAL;
     }
-    job->wire = strcmp(job->wire_name, "bf16") == 0 ? OMV_WIRE_BF16 : OMV_WIRE_FP32;
+    job->wire = strcmp(job->wire_name, "bf16") == 0   ? OMV_WIRE_BF16
+                : strcmp(job->wire_name, "int8") == 0 ? OMV_WIRE_INT8
+                                                      : OMV_WIRE_FP32;
     if (r == 0 && strcmp(job->split_name, "even") != 0 && strcmp(job->split_name, "speed") != 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] split: '%s' is not even or speed", path,
                  job->split_name);

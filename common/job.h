@@ -44,7 +44,7 @@ typedef struct {
     int64_t augment_pad;  /* training: random crop after zero padding by this many pixels */
     int augment_flip;     /* training: flip half the images left to right */
     char data_format[16]; /* idx or cifar10 */
-    char wire_name[8];    /* [cluster] wire: fp32 or bf16 */
+    char wire_name[8];    /* [cluster] wire: fp32, bf16 or int8 */
     int wire;             /* OMV_WIRE_* (wire.h), from wire_name once validated */
     char split_name[8];   /* [cluster] split: even or speed */
     int split_by_speed;   /* from split_name once validated */

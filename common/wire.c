@@ -93,7 +93,7 @@ size_t omv_wire_payload_bytes(const omv_msg_t *msg)
     uint32_t wire = msg->type == OMV_MSG_PARAMS ? msg->u.params.wire
                     : msg->type == OMV_MSG_PUSH ? msg->u.push.wire
                                                 : OMV_WIRE_FP32;
-    return (size_t)omv_wire_payload_count(msg) * (wire == OMV_WIRE_BF16 ? 2 : 4);
+    return omv_wire_value_bytes(wire, omv_wire_payload_count(msg));
 }
 
 /* The protobuf-c messages one envelope points to while it is packed: its body, and beside a
@@ -484,8 +484,8 @@ static int decode_jobspec(const Omnivore__JobSpec *j, omv_jobspec_t *out, char *
     out->total_steps = j->total_steps;
     out->param_count = j->param_count;
     out->eval_batch_size = j->eval_batch_size;
-    if (j->wire > OMV_WIRE_BF16)
-        FAIL("job's wire %u is not fp32 (0) or bf16 (1)", j->wire);
+    if (j->wire > OMV_WIRE_INT8 || j->wire == OMV_WIRE_SHM)
+        FAIL("job's wire %u is not fp32 (0), bf16 (1) or int8 (3)", j->wire);
     out->wire = j->wire;
     return 0;
 }
@@ -652,8 +652,8 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {
         const Omnivore__Push *p = env->push;
-        if (p->wire > OMV_WIRE_SHM)
-            FAIL("gradient's wire %u is not fp32 (0), bf16 (1) or shm (2)", p->wire);
+        if (p->wire > OMV_WIRE_INT8)
+            FAIL("gradient's wire %u is not fp32 (0), bf16 (1), shm (2) or int8 (3)", p->wire);
         m->u.push = (omv_push_t){p->worker_id, p->step,    p->shard,      p->offset, p->count,
                                  p->loss,      p->samples, p->compute_ms, p->wire};
         return 0;

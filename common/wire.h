@@ -7,9 +7,10 @@
 #include <stdint.h>
 
 #include "job.h"
+#include "q8.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 5
+#define OMV_PROTOCOL_VERSION 6
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
@@ -19,8 +20,25 @@
 
 /* How parameters and gradients travel ([cluster] wire): the daemon keeps fp32 either way.
  * OMV_WIRE_SHM (Params and Push only): the fp32 values are in the worker's shared segments
- * (common/shm.h) at the message's offset, and no payload frame follows. */
-enum { OMV_WIRE_FP32 = 0, OMV_WIRE_BF16 = 1, OMV_WIRE_SHM = 2 };
+ * (common/shm.h) at the message's offset, and no payload frame follows. OMV_WIRE_INT8 (Push
+ * only, common/q8.h): int8 values with a scale per block; a job with that wire sends its
+ * parameters as bf16. */
+enum { OMV_WIRE_FP32 = 0, OMV_WIRE_BF16 = 1, OMV_WIRE_SHM = 2, OMV_WIRE_INT8 = 3 };
+
+/* Bytes count values take on wire (none in shared memory). */
+static inline size_t omv_wire_value_bytes(uint32_t wire, size_t count)
+{
+    return wire == OMV_WIRE_SHM    ? 0
+           : wire == OMV_WIRE_INT8 ? omv_q8_bytes(count)
+           : wire == OMV_WIRE_BF16 ? count * 2
+                                   : count * 4;
+}
+
+/* How a job of [cluster] wire sends parameters: int8 is for gradients only. */
+static inline uint32_t omv_wire_of_params(uint32_t job_wire)
+{
+    return job_wire == OMV_WIRE_INT8 ? OMV_WIRE_BF16 : job_wire;
+}
 /* The name of a daemon's shared-memory socket (abstract, so per network namespace). */
 #define OMV_WIRE_SHM_NAME_MAX 96
 

@@ -806,7 +806,7 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
     }
     if (!m->shm_on)
         r->bytes_out_total +=
-            (uint64_t)r->shards->shards[s].count * (r->job.wire == OMV_WIRE_BF16 ? 2u : 4u);
+            omv_wire_value_bytes(omv_wire_of_params(r->job.wire), r->shards->shards[s].count);
     /* A worker on this host with its segments gets the values written into them. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
                            .group = group,
@@ -815,7 +815,7 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
                            .slice_begin = m->slice_begin,
                            .slice_count = m->slice_count,
                            .batch = m->batch ? m->batch : 1,
-                           .wire = m->shm_on ? OMV_WIRE_SHM : (uint32_t)r->job.wire,
+                           .wire = m->shm_on ? OMV_WIRE_SHM : omv_wire_of_params(r->job.wire),
                            .shm_dst = m->shm_on ? m->shm_params : NULL};
     omv_shardset_send(r->shards, s, &cmd, &m->peer, NULL);
     m->sent[s / 64] |= bit;
@@ -1136,8 +1136,7 @@ static void push_with(omv_run_t *r, member_t *m, const omv_push_t *p, omv_payloa
             m->weight = push_weight(r, m, group);
         }
     }
-    if (p->wire != OMV_WIRE_SHM)
-        r->bytes_in_total += (uint64_t)p->count * (p->wire == OMV_WIRE_BF16 ? 2u : 4u);
+    r->bytes_in_total += omv_wire_value_bytes(p->wire, p->count);
     /* The shard's executor checks the values and adds them; a gradient with NaN or Inf comes
      * back as a refusal and stays out of the sum. The step goes on either way. */
     omv_payload_t payload, *pl = &payload;
@@ -1811,10 +1810,13 @@ static int setup_model(omv_run_t *r)
         .epsilon = (float)j->epsilon,
     };
     omv_log_info("job '%s': model %s (%zu parameters in %u shards), %u training images, "
-                 "%u per worker step; parameters and gradients travel as %s",
+                 "%u per worker step; %s",
                  j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,
                  r->shards->n_shards, r->train_count, r->worker_batch,
-                 j->wire == OMV_WIRE_BF16 ? "bf16" : "fp32");
+                 j->wire == OMV_WIRE_INT8   ? "parameters travel as bf16, gradients as int8 (a "
+                                              "scale per 64 values, error feedback)"
+                 : j->wire == OMV_WIRE_BF16 ? "parameters and gradients travel as bf16"
+                                            : "parameters and gradients travel as fp32");
     int bn = r->layout.state_offset < r->layout.param_count;
     omv_log_info("update rule %s: learning rate %g (schedule %s, warmup %lld updates), %s %g, "
                  "weight decay %g%s",

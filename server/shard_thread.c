@@ -26,12 +26,6 @@ typedef struct {
     uint32_t wire;    /* OMV_WIRE_*: how data holds it */
 } snapshot_t;
 
-/* Bytes a value takes on the wire. */
-static size_t value_bytes(uint32_t wire)
-{
-    return wire == OMV_WIRE_BF16 ? 2 : sizeof(float);
-}
-
 /* Writes the shard's parameters into dst as wire asks. */
 static void export_params(const omv_shard_t *sh, void *dst, uint32_t wire)
 {
@@ -166,6 +160,9 @@ static const float *as_weighted_f32(omv_shard_thread_t *self, const omv_shard_cm
     if (cmd->wire == OMV_WIRE_BF16) {
         omv_bf16_to_f32(self->scratch, data, sh->count);
         grad = self->scratch;
+    } else if (cmd->wire == OMV_WIRE_INT8) {
+        omv_q8_decode(self->scratch, data, sh->count);
+        grad = self->scratch;
     } else if (((uintptr_t)data & (sizeof(float) - 1)) != 0) {
         memcpy(self->scratch, data, len);
         grad = self->scratch;
@@ -237,7 +234,7 @@ static void on_push(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const 
     omv_shard_t *sh = self->shard;
     size_t len;
     const void *data = omv_payload_data(payload, &len);
-    if (len != (size_t)sh->count * value_bytes(cmd->wire) || cmd->group >= sh->n_groups) {
+    if (len != omv_wire_value_bytes(cmd->wire, sh->count) || cmd->group >= sh->n_groups) {
         /* The event loop checked the shape; this would be our bug, not the worker's. */
         omv_log_error("shard %u: a gradient of %zu bytes for group %u does not fit", self->index,
                       len, cmd->group);
@@ -312,7 +309,7 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
     m.u.params =
         (omv_params_t){cmd->step,        self->index,      sh->offset, sh->count, cmd->group,
                        cmd->slice_begin, cmd->slice_count, cmd->batch, cmd->wire};
-    size_t bytes = sh->count * value_bytes(cmd->wire);
+    size_t bytes = omv_wire_value_bytes(cmd->wire, sh->count);
     uint8_t env[1024];
     size_t env_len;
     if (omv_wire_encode(&m, env, sizeof(env), &env_len) < 0) {

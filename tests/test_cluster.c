@@ -64,6 +64,27 @@ START_TEST(test_train_bf16)
 }
 END_TEST
 
+START_TEST(test_train_int8)
+{
+    /* Gradients travel as int8 with error feedback, parameters as bf16, over the socket (not
+     * shared memory, which carries fp32): the job trains as well, with nothing refused. */
+    write_job(2, 4, "groups = 1\nstaleness = none\nwire = int8\nshards = 3");
+    setenv("OMNIVORE_SHM", "0", 1);
+    check_trained("");
+    unsetenv("OMNIVORE_SHM");
+    char log_path[700], log[65536];
+    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
+    FILE *f = fopen(log_path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t len = fread(log, 1, sizeof(log) - 1, f);
+    fclose(f);
+    log[len] = '\0';
+    ck_assert_msg(has_text(log, "gradients as int8"), "%s", log);
+    ck_assert_msg(!has_text(log, "go through shared memory"), "%s", log);
+    ck_assert_msg(!has_text(log, "refused"), "a refusal in the log: %s", log);
+}
+END_TEST
+
 START_TEST(test_train_uneven)
 {
     /* Three workers share a group's batch of 32 as 11, 11 and 10 images, and the update is the
@@ -581,6 +602,7 @@ int main(void)
     tcase_add_test(tc, test_train_cnn);
     tcase_add_test(tc, test_train_resnet_adamw_export_init);
     tcase_add_test(tc, test_train_bf16);
+    tcase_add_test(tc, test_train_int8);
     tcase_add_test(tc, test_train_uneven);
     tcase_add_test(tc, test_overlap_bit_identical);
     tcase_add_test(tc, test_train_groups_lockstep);

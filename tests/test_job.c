@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "job.h"
+#include "wire.h"
 #include "testutil.h"
 
 static char dir[256];
@@ -119,6 +120,10 @@ START_TEST(test_minimal_job_defaults)
     ck_assert_int_eq(job.groups, 1);
     ck_assert_int_eq(job.staleness, -1); /* default "none" */
     ck_assert_int_eq(job.shards, 2);
+    ck_assert_int_eq(job.wire, OMV_WIRE_BF16);
+    write_job("[model]\nlayers = 4 2\n[cluster]\nwire = int8\n");
+    ck_assert_msg(omv_job_load(&job, path, err) == 0, "%s", err);
+    ck_assert_int_eq(job.wire, OMV_WIRE_INT8);
 }
 END_TEST
 
@@ -196,6 +201,8 @@ START_TEST(test_bad_values)
     assert_refused("[train]\nmomentum = 1.0\n[model]\nlayers = 4 2\n", words4);
     const char *words5[] = {at(2), "staleness", NULL};
     assert_refused("[cluster]\nstaleness = -2\n[model]\nlayers = 4 2\n", words5);
+    const char *words6[] = {path, "[cluster] wire", "'int4'", "fp32, bf16 or int8", NULL};
+    assert_refused("[cluster]\nwire = int4\n[model]\nlayers = 4 2\n", words6);
 }
 END_TEST
 

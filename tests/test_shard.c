@@ -9,6 +9,7 @@
 
 #include "router.h"
 #include "bf16.h"
+#include "q8.h"
 #include "shard.h"
 #include "shard_thread.h"
 #include "testutil.h"
@@ -554,6 +555,55 @@ START_TEST(test_bf16_push_and_serve)
 }
 END_TEST
 
+START_TEST(test_int8_push)
+{
+    /* An int8 gradient moves the model exactly as the fp32 values it decodes to; one of the
+     * wrong size is dropped; one whose scale is NaN (what the worker sends for a gradient with
+     * a NaN or an infinity) is refused and changes nothing. */
+    char dir[256];
+    omv_router_t *router = tmp_router(dir, sizeof(dir));
+    static float a[BF_COUNT], b[BF_COUNT], grad[BF_COUNT], widened[BF_COUNT];
+    static unsigned char grad8[BF_COUNT + 4 * ((BF_COUNT + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK)];
+    ck_assert_uint_eq(omv_q8_bytes(BF_COUNT), sizeof(grad8));
+    for (int i = 0; i < BF_COUNT; i++) {
+        a[i] = b[i] = 0.001f * (float)(i - 500);
+        grad[i] = 1.0f / (float)(i + 3) - 0.1f;
+    }
+    omv_shard_t sa, sb;
+    ck_assert_int_eq(omv_shard_init(&sa, a, 0, BF_COUNT, 1), 0);
+    ck_assert_int_eq(omv_shard_init(&sb, b, 0, BF_COUNT, 1), 0);
+    omv_shard_thread_t *ta = omv_shard_thread_new(router, &sa, 0, 0);
+    omv_shard_thread_t *tb = omv_shard_thread_new(router, &sb, 1, 0);
+    ck_assert(ta && tb);
+    omv_q8_encode(grad8, grad, NULL, BF_COUNT);
+    omv_q8_decode(widened, grad8, BF_COUNT);
+    push_solo(ta, grad8, sizeof(grad8), OMV_WIRE_INT8);
+    push_solo(tb, widened, sizeof(widened), OMV_WIRE_FP32);
+    ck_assert_mem_eq(a, b, sizeof(a));
+    ck_assert(a[10] != 0.001f * (float)(10 - 500));
+    push_solo(ta, grad8, sizeof(grad8) - 1, OMV_WIRE_INT8);
+    float nan = NAN;
+    memcpy(grad8 + 4, &nan, sizeof(nan)); /* block 1's scale */
+    push_solo(ta, grad8, sizeof(grad8), OMV_WIRE_INT8);
+    omv_shard_reply_t rep;
+    size_t len, extra_len;
+    uint8_t extra[64];
+    omv_payload_t p;
+    int has_payload;
+    ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(ta), &rep, sizeof(rep), &len, extra,
+                                   sizeof(extra), &extra_len, &p, &has_payload, 5000),
+                     0);
+    ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_NOT_FINITE);
+    ck_assert_mem_eq(a, b, sizeof(a));
+    omv_shard_thread_destroy(&ta);
+    omv_shard_thread_destroy(&tb);
+    omv_shard_fini(&sa);
+    omv_shard_fini(&sb);
+    omv_router_destroy(&router);
+    omv_test_rmdir(dir);
+}
+END_TEST
+
 START_TEST(test_weighted_mean_of_uneven_members)
 {
     /* 64 images over 3 members: 22, 21, 21. Each gradient counts for its images over the mean
@@ -839,6 +889,7 @@ static Suite *shard_suite(void)
     tcase_add_test(th, test_pull_copies_threaded);
     tcase_add_test(th, test_pull_copies_unthreaded);
     tcase_add_test(th, test_bf16_push_and_serve);
+    tcase_add_test(th, test_int8_push);
     tcase_add_test(th, test_weighted_mean_of_uneven_members);
     tcase_add_test(th, test_adam_state_restores_and_bf16);
     suite_add_tcase(s, th);

@@ -244,6 +244,11 @@ START_TEST(test_payload_count)
     omv_msg_t push = samples[3];
     push.u.push.wire = OMV_WIRE_FP32;
     ck_assert_uint_eq(omv_wire_payload_bytes(&push), 128);
+    /* int8: a byte a value and a float per block of them. */
+    push.u.push.wire = OMV_WIRE_INT8;
+    ck_assert_uint_eq(omv_wire_payload_bytes(&push), 32 + 4);
+    push.u.push.count = 8 * OMV_Q8_BLOCK + 1;
+    ck_assert_uint_eq(omv_wire_payload_bytes(&push), 8 * OMV_Q8_BLOCK + 1 + 9 * 4);
 }
 END_TEST
 
@@ -306,7 +311,129 @@ START_TEST(test_unknown_wire_refused)
     len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
     ck_assert_uint_eq(d.u.welcome.job.wire, OMV_WIRE_BF16);
+    /* int8 is a job's wire and a gradient's, never parameters'. */
+    make_welcome(&m);
+    m.u.welcome.job.wire = OMV_WIRE_INT8;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_uint_eq(d.u.welcome.job.wire, OMV_WIRE_INT8);
+    m = samples[3];
+    m.u.push.wire = OMV_WIRE_INT8;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
+    ck_assert_uint_eq(d.u.push.wire, OMV_WIRE_INT8);
+    make_welcome(&m);
+    m.u.welcome.job.wire = 4;
+    len = encode_ok(&m, buf);
+    ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
+    ck_assert_msg(strstr(why, "wire 4") != NULL, "%s", why);
+    ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_INT8), OMV_WIRE_BF16);
+    ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_FP32), OMV_WIRE_FP32);
 }
+
+START_TEST(test_q8_by_hand)
+{
+    /* One block of 4: the scale is max |v| / 127 = 2.54 / 127 = 0.02; 1.0 / 0.02 = 50,
+     * -0.03 / 0.02 = -1.5 rounds away from zero to -2, 0.0101 to 1 (0.505), 2.54 to 127. */
+    const float v[4] = {1.0f, -0.03f, 0.0101f, 2.54f};
+    unsigned char buf[4 + 4];
+    float residual[4] = {0}, back[4];
+    omv_q8_encode(buf, v, residual, 4);
+    float scale;
+    memcpy(&scale, buf, sizeof(scale));
+    ck_assert_float_eq_tol(scale, 0.02f, 1e-8f);
+    const int8_t *q = (const int8_t *)(buf + 4);
+    ck_assert_int_eq(q[0], 50);
+    ck_assert_int_eq(q[1], -2);
+    ck_assert_int_eq(q[2], 1);
+    ck_assert_int_eq(q[3], 127);
+    omv_q8_decode(back, buf, 4);
+    for (int i = 0; i < 4; i++) {
+        ck_assert(back[i] == (float)q[i] * scale);
+        /* what was lost is kept: sent + kept = the value */
+        ck_assert_float_eq_tol(back[i] + residual[i], v[i], 1e-6f);
+        ck_assert(fabsf(residual[i]) <= scale / 2 * 1.0001f);
+    }
+    /* The residual goes out with the next gradient: -0.03 left 0.01 behind, so a second -0.03
+     * becomes -0.02 = -1 unit (scale 0.02 again, as 2.54 stays the largest). */
+    omv_q8_encode(buf, v, residual, 4);
+    ck_assert_int_eq(q[1], -1);
+    /* Zeros: a zero scale, zero values, nothing kept. */
+    const float zero[3] = {0};
+    float kept[3] = {0}, got[3] = {1, 1, 1};
+    unsigned char zbuf[4 + 3];
+    omv_q8_encode(zbuf, zero, kept, 3);
+    omv_q8_decode(got, zbuf, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert(got[i] == 0.0f && kept[i] == 0.0f);
+}
+END_TEST
+
+START_TEST(test_q8_error_feedback)
+{
+    /* Over many steps nothing is lost for good: the sum of what was sent plus what is kept
+     * equals the sum of the gradients (to float rounding), block by block and across a short
+     * last block, from any alignment of the bytes. And each value is within half a unit of its
+     * block's scale of what it stood for. */
+    enum { N = 11 * OMV_Q8_BLOCK - 3, STEPS = 50 };
+    static float grad[N], sent_sum[N], grad_sum[N], residual[N], back[N];
+    static unsigned char raw[1 + 4 * 11 + N];
+    uint64_t seed = 7;
+    for (int t = 0; t < STEPS; t++) {
+        for (int i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            /* mostly small, a few large: the case where int8 without feedback loses most */
+            float u = (float)(seed >> 40) / (float)(1u << 24) - 0.5f;
+            grad[i] = (i % 97 == 0) ? 40.0f * u : 0.01f * u;
+            grad_sum[i] += grad[i];
+        }
+        float before[N];
+        for (int i = 0; i < N; i++)
+            before[i] = grad[i] + residual[i];
+        omv_q8_encode(raw + 1, grad, residual, N);
+        omv_q8_decode(back, raw + 1, N);
+        for (int i = 0; i < N; i++) {
+            float scale;
+            memcpy(&scale, raw + 1 + 4 * (i / OMV_Q8_BLOCK), sizeof(scale));
+            ck_assert(fabsf(back[i] - before[i]) <= scale / 2 * 1.001f + 1e-12f);
+            sent_sum[i] += back[i];
+        }
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(fabsf(sent_sum[i] + residual[i] - grad_sum[i]) <=
+                          1e-4f * (1 + fabsf(grad_sum[i])),
+                      "value %d: sent %g + kept %g, the gradients summed to %g", i, sent_sum[i],
+                      residual[i], grad_sum[i]);
+    ck_assert_uint_eq(omv_q8_bytes(N), N + 11 * 4);
+}
+END_TEST
+
+START_TEST(test_q8_non_finite)
+{
+    /* A NaN or an infinity makes its block's scale NaN (the server refuses what decodes to
+     * it) and clears that block's residual, so that it cannot poison the gradients after it;
+     * the other blocks go as usual. */
+    enum { B = OMV_Q8_BLOCK, N = B + B / 2 };
+    static float v[N], residual[N], back[N];
+    static unsigned char buf[2 * 4 + N];
+    for (int i = 0; i < N; i++) {
+        v[i] = 0.5f;
+        residual[i] = 0.25f;
+    }
+    v[10] = INFINITY;
+    omv_q8_encode(buf, v, residual, N);
+    omv_q8_decode(back, buf, N);
+    ck_assert(isnan(back[0]) && isnan(back[B - 1]));
+    ck_assert_float_eq_tol(back[B], 0.75f, 1e-6f);
+    ck_assert_float_eq_tol(back[N - 1], 0.75f, 1e-6f);
+    for (int i = 0; i < B; i++)
+        ck_assert(residual[i] == 0.0f);
+    v[10] = NAN;
+    omv_q8_encode(buf, v, NULL, N);
+    omv_q8_decode(back, buf, N);
+    ck_assert(isnan(back[10]) && !isnan(back[B]));
+}
+END_TEST
 END_TEST
 
 static uint16_t bf16_of_bits(uint32_t bits)
@@ -801,6 +928,9 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_shm_wire);
     tcase_add_test(tc, test_bf16_rounding);
     tcase_add_test(tc, test_bf16_round_trip);
+    tcase_add_test(tc, test_q8_by_hand);
+    tcase_add_test(tc, test_q8_error_feedback);
+    tcase_add_test(tc, test_q8_non_finite);
     tcase_add_test(tc, test_encode_too_small);
     tcase_add_test(tc, test_garbage_refused);
     tcase_add_test(tc, test_prefixes_of_welcome_refused);

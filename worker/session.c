@@ -55,6 +55,8 @@ typedef struct {
     int shm_warned;       /* said once that the socket is used instead */
     float *p, *g;         /* where this step's parameters and gradient are: the segments or ours */
     uint16_t *grad16;     /* [param_count] the gradient as bf16 travels */
+    uint8_t *grad8;       /* [wire int8] one shard's gradient as it travels (common/q8.h) */
+    float *residual;      /* [wire int8: param_count] what rounding to int8 has not sent yet */
     float *x;             /* [batch][inputs] */
     uint8_t *y;           /* [batch] */
     uint32_t *order;      /* [data.count] this epoch's permutation */
@@ -475,6 +477,8 @@ static void release_engine(session_t *s)
     free(s->x);
     free(s->grad);
     free(s->grad16);
+    free(s->grad8);
+    free(s->residual);
     free(s->params);
     s->got = NULL;
     s->pushed = NULL;
@@ -483,6 +487,8 @@ static void release_engine(session_t *s)
     s->x = NULL;
     s->grad = NULL;
     s->grad16 = NULL;
+    s->grad8 = NULL;
+    s->residual = NULL;
     s->params = NULL;
     omv_dataset_fini(&s->data);
     omv_net_destroy(&s->net);
@@ -565,12 +571,20 @@ static int prepare(session_t *s, uint32_t batch)
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
     s->grad16 = malloc(j->param_count * sizeof(uint16_t));
+    if (j->wire == OMV_WIRE_INT8) {
+        uint32_t most = 0;
+        for (uint32_t sh = 0; sh < j->n_shards; sh++)
+            if (j->shard_offsets[sh + 1] - j->shard_offsets[sh] > most)
+                most = j->shard_offsets[sh + 1] - j->shard_offsets[sh];
+        s->grad8 = malloc(omv_q8_bytes(most));
+        s->residual = calloc(j->param_count, sizeof(float));
+    }
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
     s->got = calloc(j->n_shards, 1);
     s->pushed = calloc(j->n_shards, 1);
     if (!s->net || !s->params || !s->grad || !s->grad16 || !s->x || !s->y || !s->got ||
-        !s->pushed) {
+        !s->pushed || (j->wire == OMV_WIRE_INT8 && (!s->grad8 || !s->residual))) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -837,6 +851,10 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
     if (wire == OMV_WIRE_BF16) {
         omv_bf16_from_f32(s->grad16 + off, s->g + off, count);
         values = s->grad16 + off;
+    } else if (wire == OMV_WIRE_INT8) {
+        /* What rounding loses goes out with the next step's gradient (error feedback). */
+        omv_q8_encode(s->grad8, s->g + off, s->residual + off, count);
+        values = s->grad8;
     }
     s->pushed[sh] = 1;
     /* To the range's backup first: it has every gradient its primary applies. */

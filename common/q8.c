@@ -1,0 +1,77 @@
+/* int8 gradients with a scale per block. */
+#include "q8.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* Hot on the worker and the server of every step: AVX2 where the machine has it (as bf16.c). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HOT __attribute__((target_clones("avx2", "default")))
+#else
+#define HOT
+#endif
+
+/* v[n] (n <= OMV_Q8_BLOCK) into q[n] with scale *scale_p; residual (or NULL) gets the error. */
+static inline void encode_block(int8_t *q, float *scale_p, const float *v, float *residual,
+                                size_t n)
+{
+    float amax = 0.0f;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float a = fabsf(v[i]);
+        bad |= !(a <= FLT_MAX); /* NaN or infinite */
+        amax = a > amax ? a : amax;
+    }
+    if (bad) {
+        *scale_p = NAN;
+        memset(q, 0, n);
+        if (residual)
+            memset(residual, 0, n * sizeof(float));
+        return;
+    }
+    float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float t = v[i] * inv;
+        t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+        int k = (int)(t + (t >= 0.0f ? 0.5f : -0.5f));
+        q[i] = (int8_t)k;
+        if (residual)
+            residual[i] = v[i] - (float)k * scale;
+    }
+    *scale_p = scale;
+}
+
+HOT void omv_q8_encode(void *dst, const float *src, float *residual, size_t n)
+{
+    size_t blocks = (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK;
+    unsigned char *scales = dst;
+    int8_t *q = (int8_t *)(scales + blocks * sizeof(float));
+    float v[OMV_Q8_BLOCK];
+    for (size_t b = 0; b < blocks; b++) {
+        size_t at = b * OMV_Q8_BLOCK, len = n - at < OMV_Q8_BLOCK ? n - at : OMV_Q8_BLOCK;
+        const float *in = src + at;
+        if (residual) {
+            for (size_t i = 0; i < len; i++)
+                v[i] = in[i] + residual[at + i];
+            in = v;
+        }
+        float scale;
+        encode_block(q + at, &scale, in, residual ? residual + at : NULL, len);
+        memcpy(scales + b * sizeof(float), &scale, sizeof(scale));
+    }
+}
+
+HOT void omv_q8_decode(float *dst, const void *src, size_t n)
+{
+    size_t blocks = (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK;
+    const unsigned char *scales = src;
+    const int8_t *q = (const int8_t *)(scales + blocks * sizeof(float));
+    for (size_t b = 0; b < blocks; b++) {
+        size_t at = b * OMV_Q8_BLOCK, len = n - at < OMV_Q8_BLOCK ? n - at : OMV_Q8_BLOCK;
+        float scale;
+        memcpy(&scale, scales + b * sizeof(float), sizeof(scale));
+        for (size_t i = 0; i < len; i++)
+            dst[at + i] = (float)q[at + i] * scale;
+    }
+}

@@ -1,0 +1,26 @@
+/* int8 gradients with a scale per block, as they travel with [cluster] wire = int8: a block of
+ * OMV_Q8_BLOCK values becomes its scale (max |v| / 127, a little-endian float) and one signed
+ * byte per value (v / scale rounded to nearest, halves away from zero). A shard's bytes are
+ * its blocks' scales first, then its values. The worker keeps what rounding lost and adds it
+ * to its next gradient (error feedback, as in 1-bit SGD and EF-SGD), so no part of a gradient
+ * is lost for good, only late. Plain loops the compiler vectorises. */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define OMV_Q8_BLOCK 64
+
+/* Bytes n values take. */
+static inline size_t omv_q8_bytes(size_t n)
+{
+    return (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK * sizeof(float) + n;
+}
+
+/* dst[omv_q8_bytes(n)] = src[n] + residual[n] quantised; residual[n] (may be NULL: none) gets
+ * what the rounding lost. A block with a NaN or an infinity gets a NaN scale, so that the
+ * receiver refuses the gradient, and its residual is cleared. */
+void omv_q8_encode(void *dst, const float *src, float *residual, size_t n);
+
+/* dst[n] = the values src[omv_q8_bytes(n)] (any alignment) stand for. */
+void omv_q8_decode(float *dst, const void *src, size_t n);
