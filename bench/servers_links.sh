@@ -7,13 +7,13 @@
 # 1, 2 and 4 shard servers of their own, next to PyTorch DDP with one rank per worker host
 # (gloo) on the same links, when python3-torch is there. Medians of RUNS interleaved runs.
 # Needs root (skips otherwise).
-# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts), KEEP_LOGS, DDP (no: skip it) from
+# Usage: bench/servers_links.sh [BUILD_DIR]   (RUNS, RATES, SERVERS, HIDDEN, SHARDS, LIMIT, EPOCHS, WORKERS (2 or 4 worker hosts), KEEP_LOGS, DDP (no: skip it), WIRE (bf16, int8 or fp32) from
 # the environment; a server count with r, as SERVERS="2 2r", runs [cluster] replicas = 2 with a
 # backup of each range on a host of its own: 2r takes 4 server hosts)
 set -eu
 build=${1:-build}
 RUNS=${RUNS:-3} RATES=${RATES:-"1gbit 200mbit"} SERVERS=${SERVERS:-"0 1 2 4"}
-HIDDEN=${HIDDEN:-256} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2} SHARDS=${SHARDS:-8} WORKERS=${WORKERS:-2}
+HIDDEN=${HIDDEN:-256} LIMIT=${LIMIT:-20000} EPOCHS=${EPOCHS:-2} SHARDS=${SHARDS:-8} WORKERS=${WORKERS:-2} WIRE=${WIRE:-bf16}
 ctl=$build/server/omnivorectl daemon=$build/server/omnivored worker=$build/worker/omnivore-worker
 data=/usr/share/datasets/fashion-mnist
 [ "$(id -u)" -eq 0 ] || { echo "skipped: needs root for network namespaces"; exit 0; }
@@ -67,7 +67,7 @@ one_run() { # one_run SERVERS (2r: 2 servers with replicas = 2): prints "images_
     on head "$tmp/d.log" "$daemon" --once --job examples/fashion-mlp.ini \
         --endpoint tcp://10.79.0.1:5555 --control "$sock" --state-dir "$tmp/state" \
         --log-level warn --curve no --set cluster.servers="$n" --set cluster.replicas="$reps" \
-        --set cluster.shards="$SHARDS" --set model.layers="784 $HIDDEN 10" \
+        --set cluster.shards="$SHARDS" --set cluster.wire="$WIRE" --set model.layers="784 $HIDDEN 10" \
         --set train.batch_size=$((64 * WORKERS)) --set data.train_limit="$LIMIT" --set job.epochs="$EPOCHS" \
         --set eval.every_epochs=0 --set checkpoint.every_s=0
     k=0
@@ -112,7 +112,7 @@ have_ddp=0
 [ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
 [ "${DDP:-yes}" = yes ] || have_ddp=0
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
-echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, $WORKERS workers x 64 images, bf16, $LIMIT images x $EPOCHS epochs; every link shaped"
+echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, $WORKERS workers x 64 images, wire $WIRE, $LIMIT images x $EPOCHS epochs; every link shaped"
 printf '%-8s %-10s %12s %10s\n' link servers images/s accuracy
 json="{"
 for RATE in $RATES; do
