@@ -651,10 +651,11 @@ void omv_model_shard_ranges(const uint32_t *offsets, uint32_t n_shards, uint32_t
     uint32_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t goal = total * (i + 1) / n;
-        uint32_t end = at + 1;
-        /* Leave a shard for every holder after this one. */
-        while (end < n_shards - (n - 1 - i) &&
-               distance(offsets[end + 1], goal) < distance(offsets[end], goal))
+        uint32_t left = n - 1 - i; /* holders after this one, a shard each */
+        uint32_t last = n_shards > left ? n_shards - left : 0, end = at + 1;
+        if (end > n_shards)
+            end = n_shards; /* more holders than shards (the caller refuses it): empty ranges */
+        while (end < last && distance(offsets[end + 1], goal) < distance(offsets[end], goal))
             end++;
         ends[i] = i == n - 1 ? n_shards : end;
         at = ends[i];

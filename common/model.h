@@ -127,5 +127,6 @@ uint32_t omv_model_shard_layout(const omv_model_layout_t *self, uint32_t n_shard
 /* Spreads n_shards shards (offsets as omv_model_shard_layout writes them) over n holders
  * (1 <= n <= n_shards) in order, each about the same parameters and at least a shard: holder i
  * gets shards [i ? ends[i - 1] : 0, ends[i]), ending at the shard boundary nearest to where the
- * first (i + 1) / n of the parameters end. */
+ * first (i + 1) / n of the parameters end. With more holders than shards (refuse that), the
+ * last ones get empty ranges at the end. */
 void omv_model_shard_ranges(const uint32_t *offsets, uint32_t n_shards, uint32_t n, uint32_t *ends);

@@ -30,14 +30,22 @@ static inline void encode_block(int8_t *q, float *scale_p, const float *v, float
             memset(residual, 0, n * sizeof(float));
         return;
     }
-    float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float t = v[i] * inv;
-        t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
-        int k = (int)(t + (t >= 0.0f ? 0.5f : -0.5f));
-        q[i] = (int8_t)k;
+    float scale = amax / 127.0f, inv = 127.0f / amax;
+    if (!(inv <= FLT_MAX)) {
+        /* Zeros, or values so small (below 127 / FLT_MAX) that their steps would overflow:
+         * nothing is sent and all of it is kept. */
+        *scale_p = 0.0f;
+        memset(q, 0, n);
         if (residual)
-            residual[i] = v[i] - (float)k * scale;
+            memcpy(residual, v, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float t = rintf(v[i] * inv);
+        t = t > 127.0f ? 127.0f : t < -127.0f ? -127.0f : t;
+        q[i] = (int8_t)t;
+        if (residual)
+            residual[i] = v[i] - t * scale;
     }
     *scale_p = scale;
 }

@@ -1,6 +1,6 @@
 /* int8 gradients with a scale per block, as they travel with [cluster] wire = int8: a block of
  * OMV_Q8_BLOCK values becomes its scale (max |v| / 127, a little-endian float) and one signed
- * byte per value (v / scale rounded to nearest, halves away from zero). A shard's bytes are
+ * byte per value (v / scale rounded to nearest, ties to even). A shard's bytes are
  * its blocks' scales first, then its values. The worker keeps what rounding lost and adds it
  * to its next gradient (error feedback, as in 1-bit SGD and EF-SGD), so no part of a gradient
  * is lost for good, only late. Plain loops the compiler vectorises. */

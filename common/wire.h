@@ -1,6 +1,7 @@
 /* The wire format: our message structs <-> protobuf-c envelopes. protobuf-c lives behind this
  * file only. A ZeroMQ message is one envelope frame and, for parameters, gradients and eval
- * snapshots, one frame of `count` raw little-endian float32 values. */
+ * snapshots, one frame of `count` raw little-endian values as the message's wire says (float32,
+ * bf16 or int8 blocks; none in shared memory). */
 #pragma once
 
 #include <stddef.h>

@@ -72,7 +72,8 @@ START_TEST(test_train_int8)
     setenv("OMNIVORE_SHM", "0", 1);
     check_trained("");
     unsetenv("OMNIVORE_SHM");
-    char log_path[700], log[65536];
+    static char log[1 << 20];
+    char log_path[700];
     snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
     FILE *f = fopen(log_path, "r");
     ck_assert_ptr_nonnull(f);

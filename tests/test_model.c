@@ -319,6 +319,11 @@ START_TEST(test_shard_ranges_even)
     ck_assert_uint_eq(ends[1], 4);
     ck_assert_uint_eq(ends[2], 7);
     ck_assert_uint_eq(ends[3], 8);
+    omv_model_shard_ranges(skew, 2, 4, ends); /* more holders than shards: nothing past them */
+    ck_assert_uint_eq(ends[0], 1);
+    ck_assert_uint_eq(ends[1], 2);
+    ck_assert_uint_eq(ends[2], 2);
+    ck_assert_uint_eq(ends[3], 2);
     uint32_t big_first[] = {0, 900, 910, 920, 1000};
     omv_model_shard_ranges(big_first, 4, 3, ends);
     ck_assert_uint_eq(ends[0], 1);

@@ -236,13 +236,14 @@ START_TEST(test_servers_bit_identical)
     /* A synchronous group computes the same thing whoever holds the shards: with the model on
      * 2 shard servers the same seed gives the same parameters, momentum, steps and images, bit
      * for bit, and the same test accuracy, as with the daemon holding it. A model of conv,
-     * batch norm (its running statistics ride in the last shard) and fc layers in 4 shards,
-     * bf16 on the wire. */
+     * batch norm (its running statistics ride in the last shard, which goes as bf16) and fc
+     * layers in 4 shards, int8 gradients (error feedback) and bf16 parameters on the wire:
+     * every other test over servers runs bf16. */
     use_mixed_model();
-    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4");
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nwire = int8");
     omv_checkpoint_t one, spread;
     double acc_one = train_on_one(&one);
-    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nservers = 2");
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nservers = 2\nwire = int8");
     double acc_spread = train_on_servers(2, &spread);
     same_model(&one, &spread);
     ck_assert_msg(acc_one == acc_spread, "accuracy %f on one daemon, %f on servers", acc_one,

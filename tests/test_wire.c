@@ -330,11 +330,12 @@ START_TEST(test_unknown_wire_refused)
     ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_INT8), OMV_WIRE_BF16);
     ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_FP32), OMV_WIRE_FP32);
 }
+END_TEST
 
 START_TEST(test_q8_by_hand)
 {
     /* One block of 4: the scale is max |v| / 127 = 2.54 / 127 = 0.02; 1.0 / 0.02 = 50,
-     * -0.03 / 0.02 = -1.5 rounds away from zero to -2, 0.0101 to 1 (0.505), 2.54 to 127. */
+     * -0.03 / 0.02 = -1.5 rounds to even, -2, 0.0101 to 1 (0.505), 2.54 to 127. */
     const float v[4] = {1.0f, -0.03f, 0.0101f, 2.54f};
     unsigned char buf[4 + 4];
     float residual[4] = {0}, back[4];
@@ -366,6 +367,21 @@ START_TEST(test_q8_by_hand)
     omv_q8_decode(got, zbuf, 3);
     for (int i = 0; i < 3; i++)
         ck_assert(got[i] == 0.0f && kept[i] == 0.0f);
+    /* Values too small for a scale (127 / max would overflow): nothing sent, all of it kept. */
+    const float tiny[3] = {1e-38f, -2e-38f, 0.0f};
+    omv_q8_encode(zbuf, tiny, kept, 3);
+    omv_q8_decode(got, zbuf, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert(got[i] == 0.0f && kept[i] == tiny[i]);
+    /* Nearest, ties to even: 0.5 and 1.5 units go to 0 and 2, just under half a unit down. */
+    const float ties[4] = {127.0f, 0.5f, 1.5f, 0.49999997f};
+    unsigned char tbuf[4 + 4];
+    omv_q8_encode(tbuf, ties, NULL, 4);
+    const int8_t *tq = (const int8_t *)(tbuf + 4);
+    ck_assert_int_eq(tq[0], 127);
+    ck_assert_int_eq(tq[1], 0);
+    ck_assert_int_eq(tq[2], 2);
+    ck_assert_int_eq(tq[3], 0);
 }
 END_TEST
 
@@ -433,7 +449,6 @@ START_TEST(test_q8_non_finite)
     omv_q8_decode(back, buf, N);
     ck_assert(isnan(back[10]) && !isnan(back[B]));
 }
-END_TEST
 END_TEST
 
 static uint16_t bf16_of_bits(uint32_t bits)

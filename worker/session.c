@@ -210,7 +210,7 @@ static int same_job(const omv_jobspec_t *a, const omv_jobspec_t *b)
            a->n_mean == b->n_mean && a->n_std == b->n_std &&
            memcmp(a->mean, b->mean, a->n_mean * sizeof(a->mean[0])) == 0 &&
            memcmp(a->std, b->std, a->n_std * sizeof(a->std[0])) == 0 &&
-           a->n_shards == b->n_shards &&
+           a->n_shards == b->n_shards && a->wire == b->wire &&
            memcmp(a->shard_offsets, b->shard_offsets, (a->n_shards + 1) * sizeof(uint32_t)) == 0;
 }
 
@@ -571,7 +571,7 @@ static int prepare(session_t *s, uint32_t batch)
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
     s->grad16 = malloc(j->param_count * sizeof(uint16_t));
-    if (j->wire == OMV_WIRE_INT8) {
+    if (j->wire == OMV_WIRE_INT8 && trainer) {
         uint32_t most = 0;
         for (uint32_t sh = 0; sh < j->n_shards; sh++)
             if (j->shard_offsets[sh + 1] - j->shard_offsets[sh] > most)
@@ -584,7 +584,7 @@ static int prepare(session_t *s, uint32_t batch)
     s->got = calloc(j->n_shards, 1);
     s->pushed = calloc(j->n_shards, 1);
     if (!s->net || !s->params || !s->grad || !s->grad16 || !s->x || !s->y || !s->got ||
-        !s->pushed || (j->wire == OMV_WIRE_INT8 && (!s->grad8 || !s->residual))) {
+        !s->pushed || (j->wire == OMV_WIRE_INT8 && trainer && (!s->grad8 || !s->residual))) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -687,6 +687,11 @@ static void use_transport(session_t *s, int shm)
                      s->worker_id, s->cfg->endpoint);
         s->shm_warned = 1;
     }
+    /* What int8 rounding kept back belongs to the socket's gradients: shared memory carries
+     * fp32, and a residual many steps old would come back as noise. At most a step's rounding
+     * is dropped. */
+    if (shm != s->shm_step && s->residual)
+        memset(s->residual, 0, s->job.param_count * sizeof(float));
     s->shm_step = shm;
     s->p = shm ? s->shm_params : s->params;
     s->g = shm ? s->shm_grads : s->grad;
@@ -846,6 +851,10 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
     uint32_t off = j->shard_offsets[sh], count = j->shard_offsets[sh + 1] - off;
     omv_msg_t m = {.type = OMV_MSG_PUSH};
     uint32_t wire = s->shm_step ? OMV_WIRE_SHM : j->wire;
+    /* Batch norm's running statistics (the last shard's tail) are values, not gradients: one
+     * int8 step of a block could make a small variance 0. Their shard goes as bf16. */
+    if (wire == OMV_WIRE_INT8 && off + count > s->layout.state_offset)
+        wire = OMV_WIRE_BF16;
     m.u.push = (omv_push_t){s->worker_id, s->step, sh, off, count, loss, s->batch, ms, wire};
     const void *values = s->g + off; /* in the segment already when the wire is shm */
     if (wire == OMV_WIRE_BF16) {
@@ -1009,6 +1018,10 @@ static int train(session_t *s)
         r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
+    /* Every Welcome starts from the daemon's model as it is now (a restart may have gone back
+     * to a checkpoint): what int8 rounding kept back from before is dropped. */
+    if (s->residual)
+        memset(s->residual, 0, j->param_count * sizeof(float));
     s->batch = 0; /* the first Params says, and the data position follows */
     omv_log_info("worker %u in group %u from step %llu: images [%u, %u), at most %u a step",
                  s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
