@@ -319,15 +319,15 @@ static int validate_model(omv_job_t *job, const char *path, int layers_line, cha
             r = -EINVAL;
         }
     }
-    if (r == 0 && strcmp(job->wire_name, "fp32") != 0 && strcmp(job->wire_name, "bf16") != 0 &&
-        strcmp(job->wire_name, "int8") != 0) {
+    job->wire = strcmp(job->wire_name, "bf16") == 0   ? OMV_WIRE_BF16
+                : strcmp(job->wire_name, "int8") == 0 ? OMV_WIRE_INT8
+                : strcmp(job->wire_name, "fp32") == 0 ? OMV_WIRE_FP32
+                                                      : -1;
+    if (r == 0 && job->wire < 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] wire: '%s' is not fp32, bf16 or int8",
                  path, job->wire_name);
         r = -EINVAL;
     }
-    job->wire = strcmp(job->wire_name, "bf16") == 0   ? OMV_WIRE_BF16
-                : strcmp(job->wire_name, "int8") == 0 ? OMV_WIRE_INT8
-                                                      : OMV_WIRE_FP32;
     if (r == 0 && strcmp(job->split_name, "even") != 0 && strcmp(job->split_name, "speed") != 0) {
         snprintf(err, OMV_CONFIG_ERR_MAX, "%s: [cluster] split: '%s' is not even or speed", path,
                  job->split_name);

@@ -52,7 +52,7 @@ static inline void encode_block(int8_t *q, float *scale_p, const float *v, float
 
 HOT void omv_q8_encode(void *dst, const float *src, float *residual, size_t n)
 {
-    size_t blocks = (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK;
+    size_t blocks = omv_q8_blocks(n);
     unsigned char *scales = dst;
     int8_t *q = (int8_t *)(scales + blocks * sizeof(float));
     float v[OMV_Q8_BLOCK];
@@ -72,7 +72,7 @@ HOT void omv_q8_encode(void *dst, const float *src, float *residual, size_t n)
 
 HOT void omv_q8_decode(float *dst, const void *src, size_t n)
 {
-    size_t blocks = (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK;
+    size_t blocks = omv_q8_blocks(n);
     const unsigned char *scales = src;
     const int8_t *q = (const int8_t *)(scales + blocks * sizeof(float));
     for (size_t b = 0; b < blocks; b++) {

@@ -11,10 +11,16 @@
 
 #define OMV_Q8_BLOCK 64
 
+/* Blocks (and so scales) n values take. */
+static inline size_t omv_q8_blocks(size_t n)
+{
+    return (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK;
+}
+
 /* Bytes n values take. */
 static inline size_t omv_q8_bytes(size_t n)
 {
-    return (n + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK * sizeof(float) + n;
+    return omv_q8_blocks(n) * sizeof(float) + n;
 }
 
 /* dst[omv_q8_bytes(n)] = src[n] + residual[n] quantised; residual[n] (may be NULL: none) gets

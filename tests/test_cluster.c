@@ -39,6 +39,18 @@ static void check_trained(const char *extra)
     ck_assert_msg(json_number(json, "images_per_second") > 0, "images/s: %s", json);
 }
 
+/* The log of the last `omnivorectl run` (the daemon's and the workers'), into log[cap]. */
+static void read_run_log(char *log, size_t cap)
+{
+    char log_path[700];
+    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
+    FILE *f = fopen(log_path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t len = fread(log, 1, cap - 1, f);
+    fclose(f);
+    log[len] = '\0';
+}
+
 START_TEST(test_train_sync)
 {
     write_job(2, 4, "groups = 1\nstaleness = none");
@@ -52,13 +64,8 @@ START_TEST(test_train_bf16)
      * over a model in several shards, with nothing refused. */
     write_job(2, 4, "groups = 1\nstaleness = none\nwire = bf16\nshards = 3");
     check_trained("");
-    char log_path[700], log[65536];
-    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
-    FILE *f = fopen(log_path, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(log, 1, sizeof(log) - 1, f);
-    fclose(f);
-    log[len] = '\0';
+    char log[65536];
+    read_run_log(log, sizeof(log));
     ck_assert_msg(has_text(log, "parameters and gradients travel as bf16"), "%s", log);
     ck_assert_msg(!has_text(log, "refused"), "a refusal in the log: %s", log);
 }
@@ -73,13 +80,7 @@ START_TEST(test_train_int8)
     check_trained("");
     unsetenv("OMNIVORE_SHM");
     static char log[1 << 20];
-    char log_path[700];
-    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
-    FILE *f = fopen(log_path, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(log, 1, sizeof(log) - 1, f);
-    fclose(f);
-    log[len] = '\0';
+    read_run_log(log, sizeof(log));
     ck_assert_msg(has_text(log, "gradients as int8"), "%s", log);
     ck_assert_msg(!has_text(log, "go through shared memory"), "%s", log);
     ck_assert_msg(!has_text(log, "refused"), "a refusal in the log: %s", log);
@@ -108,13 +109,8 @@ START_TEST(test_train_cnn)
     write_job(2, 4, "groups = 1\nstaleness = none");
     model_section = "layers = 64 32 4";
     check_trained("");
-    char log_path[700], log[16384];
-    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
-    f = fopen(log_path, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(log, 1, sizeof(log) - 1, f);
-    fclose(f);
-    log[len] = '\0';
+    char log[16384];
+    read_run_log(log, sizeof(log));
     ck_assert_msg(has_text(log, "conv 8 3x3 s1 p1") && has_text(log, "8x8x8") &&
                       has_text(log, "total"),
                   "no model summary in the log: %s", log);
@@ -141,13 +137,8 @@ static void train_to_checkpoint(const char *overlap, const char *shm, omv_checkp
     int rc = run_ctl(json, sizeof(json), "");
     unsetenv("OMNIVORE_OVERLAP");
     unsetenv("OMNIVORE_SHM");
-    char log_path[700], log[65536];
-    snprintf(log_path, sizeof(log_path), "%s/run.log", test_dir);
-    FILE *f = fopen(log_path, "r");
-    ck_assert_ptr_nonnull(f);
-    size_t len = fread(log, 1, sizeof(log) - 1, f);
-    fclose(f);
-    log[len] = '\0';
+    char log[65536];
+    read_run_log(log, sizeof(log));
     int shared = has_text(log, "go through shared memory with the daemon");
     ck_assert_msg(shared == (strcmp(shm, "1") == 0), "shared memory %s: %s",
                   shared ? "used" : "not used", log);

@@ -493,65 +493,90 @@ static size_t serve_one(omv_shard_thread_t *t, uint32_t wire, void *out, size_t 
     return bytes;
 }
 
+/* Two shards a and b of the same parameters, each behind a thread run inline, and a gradient
+ * grad: what one wire does to a, the other does to b. */
+typedef struct {
+    char dir[256];
+    omv_router_t *router;
+    float a[BF_COUNT], b[BF_COUNT], grad[BF_COUNT];
+    omv_shard_t sa, sb;
+    omv_shard_thread_t *ta, *tb;
+} twin_shards_t;
+
+static twin_shards_t *twins_open(void)
+{
+    static twin_shards_t t;
+    memset(&t, 0, sizeof(t));
+    t.router = tmp_router(t.dir, sizeof(t.dir));
+    for (int i = 0; i < BF_COUNT; i++) {
+        t.a[i] = t.b[i] = 0.001f * (float)(i - 500);
+        t.grad[i] = 1.0f / (float)(i + 3) - 0.1f;
+    }
+    ck_assert_int_eq(omv_shard_init(&t.sa, t.a, 0, BF_COUNT, 1), 0);
+    ck_assert_int_eq(omv_shard_init(&t.sb, t.b, 0, BF_COUNT, 1), 0);
+    t.ta = omv_shard_thread_new(t.router, &t.sa, 0, 0);
+    t.tb = omv_shard_thread_new(t.router, &t.sb, 1, 0);
+    ck_assert(t.ta && t.tb);
+    return &t;
+}
+
+static void twins_close(twin_shards_t *t)
+{
+    omv_shard_thread_destroy(&t->ta);
+    omv_shard_thread_destroy(&t->tb);
+    omv_shard_fini(&t->sa);
+    omv_shard_fini(&t->sb);
+    omv_router_destroy(&t->router);
+    omv_test_rmdir(t->dir);
+}
+
+/* The next reply of thread th is a refusal of a gradient that is not finite, with no payload. */
+static void expect_not_finite(omv_shard_thread_t *th)
+{
+    omv_shard_reply_t rep;
+    size_t len, extra_len;
+    uint8_t extra[64];
+    omv_payload_t p;
+    int has_payload;
+    ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(th), &rep, sizeof(rep), &len, extra,
+                                   sizeof(extra), &extra_len, &p, &has_payload, 5000),
+                     0);
+    ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_NOT_FINITE);
+    ck_assert_int_eq(has_payload, 0);
+}
+
 START_TEST(test_bf16_push_and_serve)
 {
-    char dir[256];
-    omv_router_t *router = tmp_router(dir, sizeof(dir));
-    static float a[BF_COUNT], b[BF_COUNT], grad[BF_COUNT], widened[BF_COUNT];
+    twin_shards_t *t = twins_open();
+    float *a = t->a, *b = t->b;
+    static float widened[BF_COUNT], got32[BF_COUNT];
     static uint16_t grad16[BF_COUNT], want16[BF_COUNT], got16[BF_COUNT];
-    static float got32[BF_COUNT];
-    for (int i = 0; i < BF_COUNT; i++) {
-        a[i] = b[i] = 0.001f * (float)(i - 500);
-        grad[i] = 1.0f / (float)(i + 3) - 0.1f;
-    }
-    omv_shard_t sa, sb;
-    ck_assert_int_eq(omv_shard_init(&sa, a, 0, BF_COUNT, 1), 0);
-    ck_assert_int_eq(omv_shard_init(&sb, b, 0, BF_COUNT, 1), 0);
-    omv_shard_thread_t *ta = omv_shard_thread_new(router, &sa, 0, 0);
-    omv_shard_thread_t *tb = omv_shard_thread_new(router, &sb, 1, 0);
-    ck_assert(ta && tb);
     /* A bf16 gradient moves the model exactly as the fp32 gradient it stands for. */
-    omv_bf16_from_f32(grad16, grad, BF_COUNT);
+    omv_bf16_from_f32(grad16, t->grad, BF_COUNT);
     omv_bf16_to_f32(widened, grad16, BF_COUNT);
-    push_solo(ta, grad16, sizeof(grad16), OMV_WIRE_BF16);
-    push_solo(tb, widened, sizeof(widened), OMV_WIRE_FP32);
-    ck_assert_mem_eq(a, b, sizeof(a));
+    push_solo(t->ta, grad16, sizeof(grad16), OMV_WIRE_BF16);
+    push_solo(t->tb, widened, sizeof(widened), OMV_WIRE_FP32);
+    ck_assert_mem_eq(a, b, sizeof(t->a));
     ck_assert(a[10] != 0.001f * (float)(10 - 500)); /* it did move */
     /* A pull in bf16 gets the fp32 model rounded, in half the bytes; one in fp32 the model. */
     omv_bf16_from_f32(want16, a, BF_COUNT);
-    ck_assert_uint_eq(serve_one(ta, OMV_WIRE_BF16, got16, sizeof(got16)), sizeof(got16));
+    ck_assert_uint_eq(serve_one(t->ta, OMV_WIRE_BF16, got16, sizeof(got16)), sizeof(got16));
     ck_assert_mem_eq(got16, want16, sizeof(got16));
-    ck_assert_uint_eq(serve_one(ta, OMV_WIRE_FP32, got32, sizeof(got32)), sizeof(got32));
+    ck_assert_uint_eq(serve_one(t->ta, OMV_WIRE_FP32, got32, sizeof(got32)), sizeof(got32));
     ck_assert_mem_eq(got32, a, sizeof(got32));
-    ck_assert_uint_eq(serve_one(ta, OMV_WIRE_BF16, got16, sizeof(got16)), sizeof(got16));
+    ck_assert_uint_eq(serve_one(t->ta, OMV_WIRE_BF16, got16, sizeof(got16)), sizeof(got16));
     ck_assert_mem_eq(got16, want16, sizeof(got16));
     /* A gradient whose size fits neither is dropped, and the model stays. */
-    push_solo(ta, grad16, sizeof(grad16) - 2, OMV_WIRE_BF16);
-    ck_assert_mem_eq(a, b, sizeof(a));
+    push_solo(t->ta, grad16, sizeof(grad16) - 2, OMV_WIRE_BF16);
+    ck_assert_mem_eq(a, b, sizeof(t->a));
     /* A bf16 gradient with an infinity (or a NaN) is refused and changes nothing. */
     static uint16_t bad16[BF_COUNT];
     memcpy(bad16, grad16, sizeof(bad16));
     bad16[BF_COUNT - 1] = 0xff80; /* -inf */
-    push_solo(ta, bad16, sizeof(bad16), OMV_WIRE_BF16);
-    ck_assert_mem_eq(a, b, sizeof(a));
-    {
-        omv_shard_reply_t rep;
-        size_t len, extra_len;
-        uint8_t extra[64];
-        omv_payload_t p;
-        int has_payload;
-        ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(ta), &rep, sizeof(rep), &len, extra,
-                                       sizeof(extra), &extra_len, &p, &has_payload, 5000),
-                         0);
-        ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_NOT_FINITE);
-        ck_assert_int_eq(has_payload, 0);
-    }
-    omv_shard_thread_destroy(&ta);
-    omv_shard_thread_destroy(&tb);
-    omv_shard_fini(&sa);
-    omv_shard_fini(&sb);
-    omv_router_destroy(&router);
-    omv_test_rmdir(dir);
+    push_solo(t->ta, bad16, sizeof(bad16), OMV_WIRE_BF16);
+    ck_assert_mem_eq(a, b, sizeof(t->a));
+    expect_not_finite(t->ta);
+    twins_close(t);
 }
 END_TEST
 
@@ -560,47 +585,24 @@ START_TEST(test_int8_push)
     /* An int8 gradient moves the model exactly as the fp32 values it decodes to; one of the
      * wrong size is dropped; one whose scale is NaN (what the worker sends for a gradient with
      * a NaN or an infinity) is refused and changes nothing. */
-    char dir[256];
-    omv_router_t *router = tmp_router(dir, sizeof(dir));
-    static float a[BF_COUNT], b[BF_COUNT], grad[BF_COUNT], widened[BF_COUNT];
+    twin_shards_t *t = twins_open();
+    static float widened[BF_COUNT];
     static unsigned char grad8[BF_COUNT + 4 * ((BF_COUNT + OMV_Q8_BLOCK - 1) / OMV_Q8_BLOCK)];
     ck_assert_uint_eq(omv_q8_bytes(BF_COUNT), sizeof(grad8));
-    for (int i = 0; i < BF_COUNT; i++) {
-        a[i] = b[i] = 0.001f * (float)(i - 500);
-        grad[i] = 1.0f / (float)(i + 3) - 0.1f;
-    }
-    omv_shard_t sa, sb;
-    ck_assert_int_eq(omv_shard_init(&sa, a, 0, BF_COUNT, 1), 0);
-    ck_assert_int_eq(omv_shard_init(&sb, b, 0, BF_COUNT, 1), 0);
-    omv_shard_thread_t *ta = omv_shard_thread_new(router, &sa, 0, 0);
-    omv_shard_thread_t *tb = omv_shard_thread_new(router, &sb, 1, 0);
-    ck_assert(ta && tb);
-    omv_q8_encode(grad8, grad, NULL, BF_COUNT);
+    omv_q8_encode(grad8, t->grad, NULL, BF_COUNT);
     omv_q8_decode(widened, grad8, BF_COUNT);
-    push_solo(ta, grad8, sizeof(grad8), OMV_WIRE_INT8);
-    push_solo(tb, widened, sizeof(widened), OMV_WIRE_FP32);
-    ck_assert_mem_eq(a, b, sizeof(a));
-    ck_assert(a[10] != 0.001f * (float)(10 - 500));
-    push_solo(ta, grad8, sizeof(grad8) - 1, OMV_WIRE_INT8);
+    push_solo(t->ta, grad8, sizeof(grad8), OMV_WIRE_INT8);
+    push_solo(t->tb, widened, sizeof(widened), OMV_WIRE_FP32);
+    ck_assert_mem_eq(t->a, t->b, sizeof(t->a));
+    ck_assert(t->a[10] != 0.001f * (float)(10 - 500));
+    push_solo(t->ta, grad8, sizeof(grad8) - 1, OMV_WIRE_INT8);
+    ck_assert_mem_eq(t->a, t->b, sizeof(t->a));
     float nan = NAN;
     memcpy(grad8 + 4, &nan, sizeof(nan)); /* block 1's scale */
-    push_solo(ta, grad8, sizeof(grad8), OMV_WIRE_INT8);
-    omv_shard_reply_t rep;
-    size_t len, extra_len;
-    uint8_t extra[64];
-    omv_payload_t p;
-    int has_payload;
-    ck_assert_int_eq(omv_pipe_recv(omv_shard_thread_pipe(ta), &rep, sizeof(rep), &len, extra,
-                                   sizeof(extra), &extra_len, &p, &has_payload, 5000),
-                     0);
-    ck_assert_uint_eq(rep.type, OMV_SHARD_REPLY_NOT_FINITE);
-    ck_assert_mem_eq(a, b, sizeof(a));
-    omv_shard_thread_destroy(&ta);
-    omv_shard_thread_destroy(&tb);
-    omv_shard_fini(&sa);
-    omv_shard_fini(&sb);
-    omv_router_destroy(&router);
-    omv_test_rmdir(dir);
+    push_solo(t->ta, grad8, sizeof(grad8), OMV_WIRE_INT8);
+    expect_not_finite(t->ta);
+    ck_assert_mem_eq(t->a, t->b, sizeof(t->a));
+    twins_close(t);
 }
 END_TEST
 
