@@ -1,12 +1,15 @@
 /* Integration tests with real processes: omnivored, omnivore-worker and omnivorectl on ipc
  * endpoints in a temporary folder, training generated data, under faults and bad input. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -246,6 +249,120 @@ START_TEST(test_train_groups_unbounded)
     write_job(2, 4, "groups = 1\nstaleness = none");
     /* Overrides on the command line reach the daemon too. */
     check_trained("--set cluster.groups=2 --set cluster.staleness=none");
+}
+END_TEST
+
+/* Whether one of pid's threads is ZeroMQ's (the last threads a worker starts). */
+static int zmq_started(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    ck_assert_msg(dir != NULL, "no %s", path);
+    int found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(dir)) != NULL) {
+        char comm_path[300], comm[32] = "";
+        snprintf(comm_path, sizeof(comm_path), "%s/%s/comm", path, e->d_name);
+        FILE *f = fopen(comm_path, "r");
+        if (f == NULL)
+            continue;
+        found = fgets(comm, sizeof(comm), f) != NULL && strncmp(comm, "ZMQbg", 5) == 0;
+        fclose(f);
+    }
+    closedir(dir);
+    return found;
+}
+
+/* The nice value in a /proc stat file (field 19; the name before it may hold spaces). */
+static int stat_nice(const char *stat_path)
+{
+    char line[1024];
+    FILE *f = fopen(stat_path, "r");
+    if (f == NULL)
+        return INT_MIN; /* a thread that just ended */
+    size_t len = fread(line, 1, sizeof(line) - 1, f);
+    fclose(f);
+    line[len] = '\0';
+    const char *p = strrchr(line, ')');
+    ck_assert_ptr_nonnull(p);
+    /* After ") ": field 3 (the state), then 4 to 19. */
+    p += 2;
+    for (int field = 3; field < 19 && *p; field++) {
+        while (*p && *p != ' ')
+            p++;
+        while (*p == ' ')
+            p++;
+    }
+    return (int)strtol(p, NULL, 10);
+}
+
+/* The nice value of every thread of pid, each into nice[cap], once ZeroMQ's threads are there
+ * (fails after 10 s without them). Returns how many were read. */
+static int thread_nices(pid_t pid, int *nice, int cap)
+{
+    int64_t deadline = omv_time_ms() + 10000;
+    while (!zmq_started(pid)) {
+        ck_assert_msg(omv_time_ms() < deadline, "pid %d started no ZeroMQ thread", (int)pid);
+        sleep_ms(10);
+    }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/task", (int)pid);
+    DIR *dir = opendir(path);
+    ck_assert_msg(dir != NULL, "no %s", path);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL && n < cap) {
+        char stat_path[300];
+        snprintf(stat_path, sizeof(stat_path), "%s/%s/stat", path, e->d_name);
+        int v = e->d_name[0] == '.' ? INT_MIN : stat_nice(stat_path);
+        if (v != INT_MIN)
+            nice[n++] = v;
+    }
+    closedir(dir);
+    return n;
+}
+
+/* An evaluator takes only the CPU the trainers leave: every thread of it (ZeroMQ's own too) at
+ * nice 19, a trainer at ours; and --nice sets a trainer's. */
+START_TEST(test_evaluator_nice)
+{
+    write_job(1, 200, "groups = 1");
+    pid_t d = start_daemon();
+    pid_t w = start_worker("trainer");
+    pid_t e = start_worker("evaluator");
+    ck_assert_double_ge(wait_status("step", 5, 30000), 5);
+    ck_assert_double_eq(wait_status("evaluator_alive", 1, 10000), 1);
+    int ours = getpriority(PRIO_PROCESS, 0), nices[64];
+    int n = thread_nices(e, nices, 64);
+    ck_assert_msg(n >= 2, "the evaluator has %d threads; ZeroMQ's are missing", n);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(nices[i] == 19, "evaluator thread %d of %d at nice %d, not 19", i + 1, n,
+                      nices[i]);
+    n = thread_nices(w, nices, 64);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(nices[i] == ours, "trainer thread %d at nice %d, not ours (%d)", i + 1,
+                      nices[i], ours);
+    stop_workers((pid_t[]){w, e}, 2);
+    shutdown_daemon(d);
+
+    /* With no daemon to answer, it keeps saying hello: long enough to look. */
+    char *argv[] = {(char *)bin("OMNIVORE_WORKER"),
+                    "--server",
+                    endpoint,
+                    "--nice",
+                    "7",
+                    "--log-level",
+                    "error",
+                    NULL};
+    w = spawn(argv);
+    n = thread_nices(w, nices, 64);
+    /* Below ours takes privilege; without it the worker warns and keeps ours. */
+    int want = ours <= 7 || geteuid() == 0 ? 7 : ours;
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(nices[i] == want, "--nice 7: trainer thread %d of %d at nice %d, not %d",
+                      i + 1, n, nices[i], want);
+    stop_workers(&w, 1);
 }
 END_TEST
 
@@ -599,6 +716,7 @@ int main(void)
     tcase_add_test(tc, test_overlap_bit_identical);
     tcase_add_test(tc, test_train_groups_lockstep);
     tcase_add_test(tc, test_train_groups_unbounded);
+    tcase_add_test(tc, test_evaluator_nice);
     tcase_add_test(tc, test_broken_job_file);
     tcase_add_test(tc, test_worker_killed);
     tcase_add_test(tc, test_shm_sigkill_leaves_nothing);

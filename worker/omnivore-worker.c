@@ -1,5 +1,6 @@
 /* omnivore-worker: connects to omnivored, trains (or evaluates) until the job is over. */
 #define OMV_LOG_TAG "worker"
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <netdb.h>
@@ -7,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "cert.h"
@@ -48,6 +50,10 @@ static void usage(FILE *out)
             "                          a layer begins as soon as its shards have come, and the\n"
             "                          next step's pull goes before this step's pushes);\n"
             "                          OMNIVORE_OVERLAP=0 in the environment does the same\n"
+            "      --nice N            run at nice value N, -20 to 19 (default: 19 for an\n"
+            "                          evaluator, so that evaluations take only the time the\n"
+            "                          trainers and the daemon leave on a shared host, and\n"
+            "                          unchanged for a trainer); OMNIVORE_NICE does the same\n"
             "      --no-shm            use the socket even on the daemon's host (by default a\n"
             "                          trainer there exchanges parameters and gradients with it\n"
             "                          through shared memory); OMNIVORE_SHM=0 does the same\n"
@@ -178,6 +184,44 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
 }
 
 static const char *key_path, *server_key_path;
+/* --nice (or OMNIVORE_NICE); NULL: the role's default. */
+static const char *nice_arg;
+
+/* Sets this worker's nice value: nice_arg's, or 19 for an evaluator (a trainer's is left as it
+ * is). Done before the session starts a thread: on Linux the nice value is a thread's, and the
+ * threads it starts take it from it. Returns -1 to go on, or the exit status 2 for a bad value. */
+static int set_nice(const omv_session_config_t *cfg)
+{
+    int n = 19;
+    if (nice_arg != NULL && nice_arg[0]) {
+        char *end;
+        long v = strtol(nice_arg, &end, 10);
+        if (end == nice_arg || *end != '\0' || v < -20 || v > 19) {
+            omv_log_fatal("--nice: '%s' is not a nice value from -20 to 19", nice_arg);
+            return 2;
+        }
+        n = (int)v;
+    } else if (cfg->role != OMV_ROLE_EVALUATOR) {
+        return -1;
+    }
+    /* Threads the libraries started as they loaded (OpenBLAS's pool) are set one by one. */
+    int r = setpriority(PRIO_PROCESS, 0, n) < 0 ? -errno : 0;
+    DIR *dir = opendir("/proc/self/task");
+    struct dirent *e;
+    while (r == 0 && dir != NULL && (e = readdir(dir)) != NULL) {
+        int tid = atoi(e->d_name);
+        if (tid > 0 && setpriority(PRIO_PROCESS, (id_t)tid, n) < 0 && errno != ESRCH)
+            r = -errno;
+    }
+    if (dir != NULL)
+        closedir(dir);
+    if (r < 0)
+        omv_log_warn("cannot set nice value %d (%s): running at %d", n, omv_strerror(r),
+                     getpriority(PRIO_PROCESS, 0));
+    else if (n != 0)
+        omv_log_info("nice value %d", n);
+    return -1;
+}
 
 /* A relative path of a credential is systemd's LoadCredential= one when there is one. */
 static void credential_path(const char *path, char *out, size_t cap)
@@ -236,6 +280,7 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
         {"name", required_argument, NULL, 'n'},
         {"no-overlap", no_argument, NULL, 'O'},
         {"no-shm", no_argument, NULL, 'M'},
+        {"nice", required_argument, NULL, 'N'},
         {"version", no_argument, NULL, 'V'},
         {"key", required_argument, NULL, 'k'},
         {"server-key", required_argument, NULL, 'K'},
@@ -243,6 +288,10 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
     };
     int c;
     while ((c = getopt_long(argc, argv, "s:r:t:l:n:k:hV", opts, NULL)) != -1) {
+        if (c == 'N') {
+            nice_arg = optarg;
+            continue;
+        }
         if (c == 'k' || c == 'K') {
             *(c == 'k' ? &key_path : &server_key_path) = optarg;
             continue;
@@ -328,7 +377,11 @@ int main(int argc, char **argv)
     };
     key_path = getenv("OMNIVORE_KEY");
     server_key_path = getenv("OMNIVORE_SERVER_KEY");
+    nice_arg = getenv("OMNIVORE_NICE");
     int rc = parse_args(argc, argv, &cfg);
+    if (rc >= 0)
+        return rc;
+    rc = set_nice(&cfg);
     if (rc >= 0)
         return rc;
     static omv_cert_t mine, server;
