@@ -10,8 +10,12 @@ src=$(cd "$(dirname "$0")" && pwd)
 
 # The unit and the config it reads must agree whatever else is installed.
 # shellcheck disable=SC2016
-keys_unit=$(grep -o '\${OMNIVORE_[A-Z_]*}' "$src/omnivore-worker@.service.in" |
-    tr -d '${}' | sort -u)
+# Keys on ExecStart's line as ${KEY}, and those the worker reads from its environment itself,
+# listed on a "worker-env:" comment.
+keys_unit=$({
+    grep -o '\${OMNIVORE_[A-Z_]*}' "$src/omnivore-worker@.service.in" | tr -d '${}'
+    sed -n 's/^#.*worker-env: *//p' "$src/omnivore-worker@.service.in" | tr ' ' '\n'
+} | grep . | sort -u)
 keys_conf=$(grep -o '^#\?OMNIVORE_[A-Z_]*=' "$src/worker.conf" | tr -d '#=' | sort -u)
 if [ "$keys_unit" != "$keys_conf" ]; then
     echo "worker.conf and omnivore-worker@.service.in disagree:" >&2
