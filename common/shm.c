@@ -32,7 +32,7 @@ int omv_shm_listen(char *name)
         nonce = (uint64_t)omv_time_ms() ^ ((uint64_t)getpid() << 32);
     snprintf(name, OMV_WIRE_SHM_NAME_MAX, "omnivore-shm-%d-%016llx", (int)getpid(),
              (unsigned long long)nonce);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
     struct sockaddr_un a;
@@ -127,7 +127,7 @@ static int recv_answer(int conn, omv_shm_answer_t *ans, int *fds)
 int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, int timeout_ms,
                    void **ret_params, void **ret_grads, char *why)
 {
-    int conn = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (conn < 0)
         return -errno;
     struct sockaddr_un a;
@@ -176,6 +176,90 @@ int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, 
     *ret_params = p;
     *ret_grads = g;
     return conn;
+}
+
+int omv_shm_send_raw(int conn, const void *env, size_t len)
+{
+    ssize_t n = send(conn, env, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return n == (ssize_t)len ? 0 : n < 0 ? -errno : -EMSGSIZE;
+}
+
+int omv_shm_send_msg(int conn, const omv_msg_t *msg)
+{
+    uint8_t buf[OMV_SHM_ENVELOPE_MAX];
+    size_t len;
+    if (omv_wire_payload_count(msg) != 0)
+        return -EINVAL;
+    int r = omv_wire_encode(msg, buf, sizeof(buf), &len);
+    return r < 0 ? r : omv_shm_send_raw(conn, buf, len);
+}
+
+int omv_shm_batch_add(omv_shm_batch_t *b, const omv_msg_t *msg)
+{
+    size_t len;
+    if (omv_wire_payload_count(msg) != 0)
+        return -EINVAL;
+    if (b->n == OMV_SHM_BATCH_MAX || b->used + OMV_SHM_ENVELOPE_MAX > sizeof(b->buf))
+        return -ENOSPC;
+    int r = omv_wire_encode(msg, b->buf + b->used, OMV_SHM_ENVELOPE_MAX, &len);
+    if (r < 0)
+        return r;
+    b->len[b->n++] = (uint32_t)len;
+    b->used += (uint32_t)len;
+    return 0;
+}
+
+int omv_shm_batch_flush(int conn, omv_shm_batch_t *b)
+{
+    if (b->n == 0)
+        return 0;
+    struct mmsghdr mm[OMV_SHM_BATCH_MAX];
+    struct iovec iov[OMV_SHM_BATCH_MAX];
+    size_t at = 0;
+    for (uint32_t i = 0; i < b->n; i++) {
+        iov[i] = (struct iovec){b->buf + at, b->len[i]};
+        mm[i] = (struct mmsghdr){.msg_hdr = {.msg_iov = &iov[i], .msg_iovlen = 1}};
+        at += b->len[i];
+    }
+    int sent = sendmmsg(conn, mm, b->n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0)
+        return -errno;
+    size_t gone = 0;
+    for (int i = 0; i < sent; i++)
+        gone += b->len[i];
+    memmove(b->buf, b->buf + gone, b->used - gone);
+    memmove(b->len, b->len + sent, (b->n - (uint32_t)sent) * sizeof(b->len[0]));
+    b->n -= (uint32_t)sent;
+    b->used -= (uint32_t)gone;
+    return sent;
+}
+
+int omv_shm_recv_msg(int conn, omv_msg_t *ret, char *why)
+{
+    uint8_t buf[OMV_SHM_ENVELOPE_MAX];
+    /* MSG_TRUNC: the record's whole length, even when it does not fit (the rest is dropped). */
+    ssize_t n = recv(conn, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0)
+        return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+    if (n == 0)
+        return -ECONNRESET;
+    if ((size_t)n > sizeof(buf)) {
+        snprintf(why, OMV_WIRE_REASON_MAX,
+                 "an envelope of %zd bytes on the shared-memory connection (at most %d)", n,
+                 OMV_SHM_ENVELOPE_MAX);
+        return -EPROTO;
+    }
+    int r = omv_wire_decode(buf, (size_t)n, ret, why);
+    if (r < 0)
+        return r;
+    if (omv_wire_payload_count(ret) != 0) {
+        snprintf(why, OMV_WIRE_REASON_MAX,
+                 "%s on the shared-memory connection announces %u values: only envelopes go "
+                 "that way",
+                 omv_msg_name(ret->type), omv_wire_payload_count(ret));
+        return -EPROTO;
+    }
+    return 0;
 }
 
 void omv_shm_unmap(void *map, size_t bytes)

@@ -6,7 +6,13 @@
  * abstract unix socket of the daemon's (SCM_RIGHTS). Abstract sockets belong to a network
  * namespace: a worker in another one (another host, as far as it can tell) cannot connect and
  * keeps tcp. The connection stays open while the worker lives: the daemon sees it close when
- * the worker's process goes, however it goes. */
+ * the worker's process goes, however it goes.
+ *
+ * The connection (SOCK_SEQPACKET: one record a message) also carries the envelopes of the
+ * values the segments hold: the worker's Pull and shared-memory Push, and the daemon's
+ * shared-memory Params, which a shard's thread sends itself. That takes the ZeroMQ I/O threads
+ * and the event loop's hop out of each step's path (about 0.1 ms a round trip on loopback).
+ * Everything else (heartbeats, errors, stops) keeps the worker's ZeroMQ socket. */
 #pragma once
 
 #include <stddef.h>
@@ -43,6 +49,37 @@ int omv_shm_send(int conn, int params_fd, int grads_fd, size_t bytes);
  * why[OMV_WIRE_REASON_MAX]. */
 int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, int timeout_ms,
                    void **ret_params, void **ret_grads, char *why);
+
+/* An envelope on the connection: at most this many bytes, and no values after it. */
+#define OMV_SHM_ENVELOPE_MAX 1024
+
+/* Sends msg (Pull, Push or Params with wire OMV_WIRE_SHM) as one record, without waiting: a
+ * full connection gives -EAGAIN and the caller sends it the other way. Returns 0 or a negative
+ * errno. */
+int omv_shm_send_msg(int conn, const omv_msg_t *msg);
+/* The same with an envelope encoded already (omv_wire_encode). */
+int omv_shm_send_raw(int conn, const void *env, size_t len);
+
+/* Envelopes held back to go together, in one system call (so that the daemon wakes once for
+ * a step's pull and pushes, not once for each). */
+#define OMV_SHM_BATCH_BYTES (16 << 10)
+#define OMV_SHM_BATCH_MAX 64
+typedef struct {
+    uint8_t buf[OMV_SHM_BATCH_BYTES];
+    uint32_t len[OMV_SHM_BATCH_MAX];
+    uint32_t n, used;
+} omv_shm_batch_t;
+
+/* Adds msg to b. Returns 0, or -ENOSPC when b is full (flush it first). */
+int omv_shm_batch_add(omv_shm_batch_t *b, const omv_msg_t *msg);
+/* Sends what b holds, one record each, without waiting. Returns how many went (b keeps the
+ * rest, in order), or a negative errno when none did. */
+int omv_shm_batch_flush(int conn, omv_shm_batch_t *b);
+
+/* Receives the next envelope, without waiting. Returns 0, -EAGAIN (none yet), -ECONNRESET (the
+ * other side closed it), -EPROTO with the reason in why[OMV_WIRE_REASON_MAX] (too large,
+ * undecodable, or announcing values, which never come this way), or another negative errno. */
+int omv_shm_recv_msg(int conn, omv_msg_t *ret, char *why);
 
 /* Unmaps a segment of bytes (NULL: nothing). */
 void omv_shm_unmap(void *map, size_t bytes);

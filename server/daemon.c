@@ -362,13 +362,18 @@ static void say_goodbye(omv_daemon_t *d)
 /* One turn: waits for the sockets (at most until the next cron task), handles what came. */
 static int turn(omv_daemon_t *d, int64_t wait)
 {
-    struct pollfd fds[OMV_CONTROL_POLL_MAX + 1];
+    struct pollfd fds[OMV_ROUTER_FDS_MAX];
+    uint32_t who[OMV_MEMBERS_MAX];
     int nfds = omv_control_pollfds(d->control, fds, OMV_CONTROL_POLL_MAX);
     int local = -1; /* where the shared-memory socket is in fds */
     if (d->local.fd >= 0) {
         local = nfds++;
         fds[local] = (struct pollfd){d->local.fd, POLLIN, 0};
     }
+    /* Then each local worker's connection: its envelopes come there (server/local.h). */
+    int conns = nfds;
+    int n_conns = omv_local_pollfds(d, fds + conns, who, OMV_ROUTER_FDS_MAX - conns);
+    nfds += n_conns;
     int router_ready = 0, pipes_ready = 0;
     int r = omv_router_poll(d->router, fds, nfds, &router_ready, &pipes_ready,
                             wait > 0 ? (int)wait : 0);
@@ -378,6 +383,8 @@ static int turn(omv_daemon_t *d, int64_t wait)
     }
     if (r > 0 && pipes_ready && d->run)
         omv_run_drain_shards(d->run);
+    if (r > 0 && n_conns > 0)
+        omv_messages_drain_local(d, fds + conns, who, n_conns);
     if (r > 0 && router_ready) {
         omv_messages_drain(d);
         if (d->shard_role)
@@ -388,7 +395,7 @@ static int turn(omv_daemon_t *d, int64_t wait)
     if (r > 0 && d->shard_role)
         omv_part_poll(d); /* a backup's orders that waited for a cut's steps */
     if (r > 0)
-        omv_control_serve(d->control, fds, local >= 0 ? local : nfds, omv_commands_dispatch, d);
+        omv_control_serve(d->control, fds, local >= 0 ? local : conns, omv_commands_dispatch, d);
     if (r > 0 && local >= 0 && (fds[local].revents & POLLIN))
         omv_local_accept(d);
     return 0;

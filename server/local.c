@@ -131,32 +131,43 @@ void omv_local_accept(omv_daemon_t *d)
     }
 }
 
+void omv_local_gone(omv_daemon_t *d, uint32_t i)
+{
+    member_t *m = &d->members->records[i];
+    d->local.gone_total++;
+    if (m->state == MEMBER_ALIVE && d->run && !OMV_JOB_OVER(d->run->state)) {
+        omv_log_warn("worker %u (\"%s\" pid %u) is gone: its process closed its shared "
+                     "memory: declared dead",
+                     i + 1, m->host, m->pid);
+        d->members->deaths_total++;
+        omv_run_member_gone(d->run, m, MEMBER_DEAD);
+    }
+    release(d, m);
+}
+
 void omv_local_watch(omv_daemon_t *d)
 {
     struct pollfd fds[OMV_MEMBERS_MAX];
-    uint32_t who[OMV_MEMBERS_MAX], n = 0;
-    for (uint32_t i = 0; i < d->members->n; i++)
+    uint32_t who[OMV_MEMBERS_MAX];
+    int n = omv_local_pollfds(d, fds, who, OMV_MEMBERS_MAX);
+    if (n == 0 || poll(fds, (nfds_t)n, 0) <= 0)
+        return;
+    for (int k = 0; k < n; k++) {
+        char b;
+        if (fds[k].revents != 0 && recv(fds[k].fd, &b, 1, MSG_DONTWAIT | MSG_PEEK) <= 0)
+            omv_local_gone(d, who[k]);
+    }
+}
+
+int omv_local_pollfds(const omv_daemon_t *d, struct pollfd *fds, uint32_t *who, int cap)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < d->members->n && n < cap; i++)
         if (d->members->records[i].shm_on) {
             fds[n] = (struct pollfd){d->members->records[i].shm_conn, POLLIN, 0};
             who[n++] = i;
         }
-    if (n == 0 || poll(fds, n, 0) <= 0)
-        return;
-    for (uint32_t k = 0; k < n; k++) {
-        char b;
-        if (fds[k].revents == 0 || recv(fds[k].fd, &b, 1, MSG_DONTWAIT | MSG_PEEK) > 0)
-            continue;
-        member_t *m = &d->members->records[who[k]];
-        d->local.gone_total++;
-        if (m->state == MEMBER_ALIVE && d->run && !OMV_JOB_OVER(d->run->state)) {
-            omv_log_warn("worker %u (\"%s\" pid %u) is gone: its process closed its shared "
-                         "memory: declared dead",
-                         who[k] + 1, m->host, m->pid);
-            d->members->deaths_total++;
-            omv_run_member_gone(d->run, m, MEMBER_DEAD);
-        }
-        release(d, m);
-    }
+    return n;
 }
 
 uint32_t omv_local_in_use(const omv_daemon_t *d)

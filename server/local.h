@@ -6,6 +6,7 @@
  * keep tcp. */
 #pragma once
 
+#include <poll.h>
 #include <stdint.h>
 
 #include "members.h"
@@ -31,6 +32,13 @@ void omv_local_accept(omv_daemon_t *d);
 
 /* Declares dead the members whose connection closed (periodic). */
 void omv_local_watch(omv_daemon_t *d);
+
+/* The connections of the members with segments, for the event loop's poll: fds[cap] and who[cap]
+ * (their member index) get them. Returns how many. */
+int omv_local_pollfds(const omv_daemon_t *d, struct pollfd *fds, uint32_t *who, int cap);
+
+/* Member i's connection closed or broke: its process is gone (declared dead, segments freed). */
+void omv_local_gone(omv_daemon_t *d, uint32_t i);
 
 /* Segments handed out and in use now. */
 uint32_t omv_local_in_use(const omv_daemon_t *d);

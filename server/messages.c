@@ -8,12 +8,16 @@
 
 #include "allow.h"
 #include "cert.h"
+#include "local.h"
 #include "log.h"
 #include "part.h"
+#include "shm.h"
 #include "util.h"
 
 /* Messages handled per drain before the loop looks at its other sockets. */
 #define DRAIN_MAX 1024
+/* Envelopes read from one local worker's connection per turn. */
+#define LOCAL_DRAIN_MAX 64
 /* Without a job, idle workers are held to the default worker_timeout_s. */
 #define IDLE_TIMEOUT_MS 10000
 
@@ -300,7 +304,7 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
     return 1;
 }
 
-static void on_message(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg)
+void omv_messages_dispatch(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg)
 {
     int64_t id = message_worker(msg);
     if (id >= 0 && from_server(d, peer, msg, (uint32_t)id))
@@ -367,8 +371,62 @@ void omv_messages_drain(omv_daemon_t *d)
             omv_log_error("receive failed: %s", omv_strerror(r));
             break;
         }
-        on_message(d, &peer, &msg);
+        omv_messages_dispatch(d, &peer, &msg);
     }
+}
+
+/* What member i may send on its connection: its own pulls, and pushes whose values are in its
+ * segment. Returns 1, or 0 with the reason in why. */
+static int allowed(uint32_t i, const omv_msg_t *msg, char *why)
+{
+    uint32_t id = msg->type == OMV_MSG_PULL   ? msg->u.pull.worker_id
+                  : msg->type == OMV_MSG_PUSH ? msg->u.push.worker_id
+                                              : 0;
+    if (id == i + 1 && (msg->type == OMV_MSG_PULL || msg->u.push.wire == OMV_WIRE_SHM))
+        return 1;
+    snprintf(why, OMV_WIRE_REASON_MAX,
+             "%s%s for worker id %u on the shared-memory connection of worker %u: only its own "
+             "pulls and shared-memory pushes go that way",
+             omv_msg_name(msg->type),
+             msg->type == OMV_MSG_PUSH && msg->u.push.wire != OMV_WIRE_SHM ? " with values" : "",
+             id, i + 1);
+    return 0;
+}
+
+/* Handles what member i sent on its connection, a bounded number of envelopes. */
+static void drain_local(omv_daemon_t *d, uint32_t i)
+{
+    for (int k = 0; k < LOCAL_DRAIN_MAX; k++) {
+        member_t *m = &d->members->records[i];
+        if (!m->shm_on)
+            return;
+        omv_msg_t msg;
+        char why[OMV_WIRE_REASON_MAX];
+        int r = omv_shm_recv_msg(m->shm_conn, &msg, why);
+        if (r == -EAGAIN || r == -EINTR)
+            return;
+        if (r == -EPROTO || (r == 0 && !allowed(i, &msg, why))) {
+            omv_refusals_add(&d->refusals, &m->peer, OMV_REFUSE_MALFORMED, "a local worker", why);
+            continue;
+        }
+        if (r < 0) { /* closed, or broken: its process is gone or cannot use it */
+            omv_local_gone(d, i);
+            return;
+        }
+        omv_messages_dispatch(d, &m->peer, &msg);
+    }
+}
+
+void omv_messages_drain_local(omv_daemon_t *d, const struct pollfd *fds, const uint32_t *who, int n)
+{
+    int any = 0;
+    for (int k = 0; k < n; k++)
+        if (fds[k].revents != 0) {
+            drain_local(d, who[k]);
+            any = 1;
+        }
+    if (any && d->run)
+        omv_run_progress(d->run);
 }
 
 /* A trainer that only sends heartbeats holds its group's step for good: one of a running job

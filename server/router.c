@@ -10,8 +10,6 @@
 
 #include "util.h"
 
-#define MAX_FDS 64
-
 static void drain(void *sock);
 
 _Static_assert(sizeof(zmq_msg_t) <= sizeof(omv_payload_t), "omv_payload_t is too small");
@@ -206,8 +204,8 @@ void omv_router_destroy(omv_router_t **self_p)
 int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms)
 {
-    zmq_pollitem_t items[MAX_FDS + 3 + OMV_PIPE_MAX];
-    if (nfds > MAX_FDS)
+    zmq_pollitem_t items[OMV_ROUTER_FDS_MAX + 3 + OMV_PIPE_MAX];
+    if (nfds > OMV_ROUTER_FDS_MAX)
         return -EINVAL;
     items[0] = (zmq_pollitem_t){self->sock, 0, ZMQ_POLLIN, 0};
     for (int i = 0; i < nfds; i++) {

@@ -49,10 +49,14 @@ uint64_t omv_router_handshakes_failed(const omv_router_t *self);
 int64_t omv_router_max_message(const omv_router_t *self);
 void omv_router_destroy(omv_router_t **self_p);
 
+/* The most fds omv_router_poll takes: the control socket's, and a connection for each worker
+ * on the daemon's host (server/local.h). */
+#define OMV_ROUTER_FDS_MAX 1152
+
 /* Waits up to timeout_ms for a message on the router, on any loop end of the pipes made with
- * omv_router_pipe, or what fds[nfds] (at most 64) ask for (POLLIN, POLLOUT; their revents are
- * set); *ret_router says whether the router has messages, *ret_pipes whether a pipe has.
- * Returns >= 0 or a negative errno (-EINTR on a signal). */
+ * omv_router_pipe, or what fds[nfds] (at most OMV_ROUTER_FDS_MAX) ask for (POLLIN, POLLOUT; their
+ * revents are set); *ret_router says whether the router has messages, *ret_pipes whether a pipe
+ * has. Returns >= 0 or a negative errno (-EINTR on a signal). */
 int omv_router_poll(omv_router_t *self, struct pollfd *fds, int nfds, int *ret_router,
                     int *ret_pipes, int timeout_ms);
 

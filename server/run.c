@@ -816,7 +816,9 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
                            .slice_count = m->slice_count,
                            .batch = m->batch ? m->batch : 1,
                            .wire = m->shm_on ? OMV_WIRE_SHM : omv_wire_of_params(r->job.wire),
-                           .shm_dst = m->shm_on ? m->shm_params : NULL};
+                           .shm_dst = m->shm_on ? m->shm_params : NULL,
+                           .shm_send = (uint32_t)m->shm_on,
+                           .shm_conn = m->shm_on ? m->shm_conn : -1};
     omv_shardset_send(r->shards, s, &cmd, &m->peer, NULL);
     m->sent[s / 64] |= bit;
     m->sent_n++;

@@ -12,6 +12,7 @@
 
 #include "bf16.h"
 #include "log.h"
+#include "shm.h"
 #include "util.h"
 #include "wire.h"
 
@@ -298,6 +299,8 @@ static void serve_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, cons
     omv_shard_t *sh = self->shard;
     memcpy(cmd->shm_dst + sh->offset, sh->params, sh->count * sizeof(float));
     atomic_fetch_add_explicit(&self->serves, 1, memory_order_relaxed);
+    if (cmd->shm_send && omv_shm_send_raw(cmd->shm_conn, env, env_len) == 0)
+        return;
     reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, NULL);
 }
 

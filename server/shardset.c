@@ -18,7 +18,7 @@
 
 static int start_executors(omv_shardset_t *self)
 {
-    /* A small shard's work takes less time than waking a thread (about 100 us here): the event
+    /* A small shard's work takes less time than waking a thread (shard_thread.h): the event
      * loop's thread runs it. */
     for (uint32_t s = 0; s < self->n_shards; s++) {
         int own = self->shards[s].count >= OMV_SHARD_THREAD_MIN_PARAMS;

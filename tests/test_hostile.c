@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@
 #include "config.h"
 #include "control.h"
 #include "peer_util.h"
+#include "shm.h"
 #include "strbuf.h"
 #include "testutil.h"
 #include "util.h"
@@ -120,6 +123,108 @@ START_TEST(test_huge_gradient_refused)
     free(model);
     free(after);
     free(grad);
+    shutdown_daemon(d);
+}
+END_TEST
+
+/* The next envelope on a local worker's connection (within 5 s). */
+static void local_recv(int conn, omv_msg_t *m)
+{
+    struct pollfd pf = {conn, POLLIN, 0};
+    ck_assert_msg(poll(&pf, 1, 5000) == 1, "nothing came on the shared-memory connection");
+    char why[OMV_WIRE_REASON_MAX] = "";
+    int r = omv_shm_recv_msg(conn, m, why);
+    ck_assert_msg(r == 0, "shared-memory connection: %s (%s)", omv_strerror(r), why);
+}
+
+/* Pulls step over the connection: every shard answers there, its values in the segment. */
+static void local_pull(int conn, uint32_t id, uint64_t step, const omv_jobspec_t *j)
+{
+    omv_msg_t m = {.type = OMV_MSG_PULL};
+    m.u.pull = (omv_pull_t){id, step};
+    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    uint8_t got[OMV_WIRE_MAX_SHARDS] = {0};
+    for (uint32_t n = 0; n < j->n_shards; n++) {
+        local_recv(conn, &m);
+        ck_assert_int_eq(m.type, OMV_MSG_PARAMS);
+        ck_assert_int_eq(m.u.params.wire, OMV_WIRE_SHM);
+        ck_assert_int_eq(m.u.params.step, step);
+        ck_assert_uint_lt(m.u.params.shard, j->n_shards);
+        ck_assert_msg(!got[m.u.params.shard], "shard %u answered twice", m.u.params.shard);
+        got[m.u.params.shard] = 1;
+    }
+}
+
+/* A local worker's shared-memory connection carries only its own pulls and shared-memory
+ * pushes: bytes that do not decode, an envelope too large, a push announcing values, another
+ * worker's pull and a heartbeat are each refused as malformed, on its socket, and the daemon
+ * goes on training it over the connection; when the connection closes, the worker is gone. */
+START_TEST(test_local_connection_garbage)
+{
+    write_job(1, 2, "groups = 1\nshards = 3");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    static omv_msg_t w;
+    peer_hello(&p, "local", &w);
+    const omv_welcome_t *wl = &w.u.welcome;
+    ck_assert_msg(wl->shm_socket[0] != '\0', "the daemon offered no shared memory");
+    const omv_jobspec_t *j = &wl->job;
+    uint32_t id = wl->worker_id;
+    size_t n = j->param_count;
+    omv_shm_hello_t h = {.worker_id = id, .token = wl->shm_token};
+    void *pm = NULL, *gm = NULL;
+    char why[OMV_WIRE_REASON_MAX] = "";
+    int conn = omv_shm_attach(wl->shm_socket, &h, n * sizeof(float), 2000, &pm, &gm, why);
+    ck_assert_msg(conn >= 0, "attach: %s", why);
+    static uint8_t junk[4096];
+    memset(junk, 0xa5, sizeof(junk));
+    ck_assert_int_eq(send(conn, junk, 37, 0), 37);
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+    ck_assert_int_eq(send(conn, junk, sizeof(junk), 0), (ssize_t)sizeof(junk));
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+    omv_msg_t m = {.type = OMV_MSG_PUSH};
+    m.u.push = (omv_push_t){id, 0, 0, 0, j->shard_offsets[1], 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+    uint8_t env[OMV_SHM_ENVELOPE_MAX];
+    size_t len;
+    ck_assert_int_eq(omv_wire_encode(&m, env, sizeof(env), &len), 0);
+    ck_assert_int_eq(send(conn, env, len, 0), (ssize_t)len);
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+    m = (omv_msg_t){.type = OMV_MSG_PULL};
+    m.u.pull = (omv_pull_t){id + 1, 0};
+    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+    m = (omv_msg_t){.type = OMV_MSG_HEARTBEAT};
+    m.u.heartbeat.worker_id = id;
+    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    expect_error(&p, OMV_REFUSE_MALFORMED);
+    ck_assert_int_eq((int)status_field("refused_malformed_total"), 5);
+    /* A step over the connection: the segment's parameters move against its gradient. */
+    float *before = malloc(n * sizeof(float)), *grads = gm;
+    local_pull(conn, id, 0, j);
+    memcpy(before, pm, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        grads[i] = i % 2 ? 0.01f : -0.01f;
+    for (uint32_t sh = j->n_shards; sh-- > 0;) {
+        uint32_t off = j->shard_offsets[sh], cnt = j->shard_offsets[sh + 1] - off;
+        m = (omv_msg_t){.type = OMV_MSG_PUSH};
+        m.u.push = (omv_push_t){id, 0, sh, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_SHM};
+        ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    }
+    local_pull(conn, id, 1, j);
+    const float *after = pm;
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg((after[i] - before[i]) * grads[i] < 0.0f,
+                      "parameter %zu went from %g to %g against a gradient of %g", i,
+                      (double)before[i], (double)after[i], (double)grads[i]);
+    ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    close(conn);
+    wait_status("shm_gone_total", 1, 5000);
+    ck_assert_int_eq((int)status_field("shm_workers"), 0);
+    omv_shm_unmap(pm, n * sizeof(float));
+    omv_shm_unmap(gm, n * sizeof(float));
+    free(before);
+    peer_close(&p);
     shutdown_daemon(d);
 }
 END_TEST
@@ -507,6 +612,7 @@ int main(void)
     tcase_add_test(tc, test_hostname_newline);
     tcase_add_test(tc, test_heartbeat_only_member_expires);
     tcase_add_test(tc, test_huge_gradient_refused);
+    tcase_add_test(tc, test_local_connection_garbage);
     tcase_add_test(tc, test_control_callers);
     tcase_add_test(tc, test_honest_summary);
     tcase_add_test(tc, test_run_fails_without_final_evaluation);

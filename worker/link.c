@@ -127,20 +127,30 @@ static void drain(omv_link_t *self)
     }
 }
 
-int omv_link_poll(omv_link_t *const *links, int n, int timeout_ms)
+int omv_link_poll_fd(omv_link_t *const *links, int n, int fd, int timeout_ms)
 {
-    zmq_pollitem_t items[1 + OMV_WIRE_MAX_SERVERS];
+    zmq_pollitem_t items[2 + OMV_WIRE_MAX_SERVERS];
     if (n < 1 || n > 1 + OMV_WIRE_MAX_SERVERS)
         return -EINVAL;
     for (int i = 0; i < n; i++)
         items[i] = (zmq_pollitem_t){links[i]->sock, 0, ZMQ_POLLIN, 0};
-    int r = zmq_poll(items, n, timeout_ms);
+    int n_items = n;
+    if (fd >= 0)
+        items[n_items++] = (zmq_pollitem_t){NULL, fd, ZMQ_POLLIN, 0};
+    int r = zmq_poll(items, n_items, timeout_ms);
     if (r < 0)
         return -errno;
+    if (fd >= 0 && (items[n].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+        return n;
     for (int i = 0; i < n && r > 0; i++)
         if (items[i].revents & ZMQ_POLLIN)
             return i;
     return -EAGAIN;
+}
+
+int omv_link_poll(omv_link_t *const *links, int n, int timeout_ms)
+{
+    return omv_link_poll_fd(links, n, -1, timeout_ms);
 }
 
 int omv_link_recv(omv_link_t *self, omv_msg_t *ret, int timeout_ms, char *why)

@@ -40,5 +40,8 @@ int omv_link_recv(omv_link_t *self, omv_msg_t *ret, int timeout_ms, char *why);
  * message. Returns its index (the first ready), -EAGAIN on timeout, or a negative errno. */
 int omv_link_poll(omv_link_t *const *links, int n, int timeout_ms);
 
+/* The same, also waiting for fd (-1: none) to be readable: its index is n (checked first). */
+int omv_link_poll_fd(omv_link_t *const *links, int n, int fd, int timeout_ms);
+
 /* The payload of the last message received: bytes (NULL when none); *ret_len gets its length. */
 const void *omv_link_payload(const omv_link_t *self, size_t *ret_len);

@@ -48,7 +48,9 @@ typedef struct {
     float *grad;                       /* [param_count] */
     /* Shared segments with the daemon (common/shm.h), when it is on this host: it writes the
      * parameters into shm_params and reads the gradient from shm_grads. */
-    int shm_conn; /* -1: none */
+    int shm_conn;          /* -1: none */
+    int local_on;          /* the envelopes of shared-memory steps go on shm_conn (common/shm.h) */
+    omv_shm_batch_t *held; /* envelopes for shm_conn, sent when we next wait (flush_local) */
     float *shm_params, *shm_grads;
     size_t shm_bytes;
     int shm_step;         /* this step's parameters came through them (and its gradient goes so) */
@@ -85,8 +87,62 @@ enum {
     WAIT_LOST = 2, /* the daemon went away or no longer knows us: register again */
 };
 
+/* The shared-memory connection is closed or broken (err): envelopes go over the socket, and the
+ * daemon, which closed it or sees it closed, sends parameters that way too. Said once. */
+static void local_lost(session_t *s, int err)
+{
+    s->local_on = 0;
+    if (!s->shm_warned)
+        omv_log_warn("worker %u: the shared-memory connection with the daemon is gone (%s): "
+                     "parameters and gradients travel over %s",
+                     s->worker_id, omv_strerror(err), s->cfg->endpoint);
+    s->shm_warned = 1;
+}
+
+/* Whether m goes on the shared-memory connection: a pull to the daemon, or a push whose
+ * values are in the segment. */
+static int via_local(const session_t *s, const omv_link_t *link, const omv_msg_t *m)
+{
+    return s->local_on && link == s->link &&
+           (m->type == OMV_MSG_PULL || (m->type == OMV_MSG_PUSH && m->u.push.wire == OMV_WIRE_SHM));
+}
+
+/* Sends the envelopes held for the shared-memory connection; those it does not take (full, or
+ * gone) go over the socket, in order. */
+static void flush_local(session_t *s)
+{
+    if (s->held == NULL || s->held->n == 0)
+        return;
+    int r = s->local_on ? omv_shm_batch_flush(s->shm_conn, s->held) : -ENOTCONN;
+    if (r >= 0)
+        s->last_sent_ms = omv_time_ms();
+    if (r < 0 && r != -EAGAIN && s->local_on)
+        local_lost(s, r);
+    omv_shm_batch_t *b = s->held;
+    char why[OMV_WIRE_REASON_MAX];
+    for (uint32_t i = 0, at = 0; i < b->n; at += b->len[i++]) {
+        omv_msg_t m;
+        if (omv_wire_decode(b->buf + at, b->len[i], &m, why) == 0)
+            omv_link_send(s->link, &m, NULL);
+    }
+    b->n = b->used = 0;
+}
+
+/* Sends m on link. A pull or a shared-memory push for the daemon on this host waits in s->held
+ * until we next wait for a message (recv_any), then goes with the others on the shared-memory
+ * connection in one system call: the daemon wakes once a step for them, not three times while
+ * we compute (on 2 cores, each such wake-up takes a core from a trainer). Anything else goes at
+ * once on the socket, after what was held. */
 static int send_on(session_t *s, omv_link_t *link, const omv_msg_t *m, const void *payload)
 {
+    if (via_local(s, link, m)) {
+        if (omv_shm_batch_add(s->held, m) == -ENOSPC) {
+            flush_local(s);
+            omv_shm_batch_add(s->held, m);
+        }
+        return 0;
+    }
+    flush_local(s); /* what was held goes first */
     int r = omv_link_send(link, m, payload);
     if (r < 0)
         omv_log_error("cannot send %s: %s", omv_msg_name(m->type), omv_strerror(r));
@@ -100,12 +156,37 @@ static int send_msg(session_t *s, const omv_msg_t *m, const void *payload)
     return send_on(s, s->link, m, payload);
 }
 
-/* Waits up to wait ms for a message from the daemon or a shard server; s->from says which. */
+/* The next envelope on the shared-memory connection: only parameters in our segment come
+ * that way. Returns as omv_link_recv. */
+static int recv_local(session_t *s, omv_msg_t *m, char *why)
+{
+    int r = omv_shm_recv_msg(s->shm_conn, m, why);
+    if (r == 0 && (m->type != OMV_MSG_PARAMS || m->u.params.wire != OMV_WIRE_SHM)) {
+        snprintf(why, OMV_WIRE_REASON_MAX,
+                 "%s on the shared-memory connection: only shared-memory parameters come that "
+                 "way",
+                 omv_msg_name(m->type));
+        return -EPROTO;
+    }
+    if (r == 0 || r == -EPROTO || r == -EAGAIN || r == -EINTR)
+        return r;
+    local_lost(s, r);
+    return -EAGAIN;
+}
+
+/* Waits up to wait ms for a message from the daemon (on its socket, or on the shared-memory
+ * connection) or a shard server; s->from says which link. */
 static int recv_any(session_t *s, omv_msg_t *m, int wait, char *why)
 {
+    flush_local(s); /* nothing we wait for can come before what we asked for */
     if (s->n_servers == 0) {
         s->from = s->link;
-        return omv_link_recv(s->link, m, wait, why);
+        if (!s->local_on)
+            return omv_link_recv(s->link, m, wait, why);
+        int i = omv_link_poll_fd(&s->link, 1, s->shm_conn, wait);
+        if (i < 0)
+            return i;
+        return i == 1 ? recv_local(s, m, why) : omv_link_recv(s->link, m, 0, why);
     }
     s->links[0] = s->link;
     int i = omv_link_poll(s->links, 1 + (int)(s->n_servers + s->n_backups), wait);
@@ -221,6 +302,9 @@ static void shm_detach(session_t *s)
     if (s->shm_conn >= 0)
         close(s->shm_conn);
     s->shm_conn = -1;
+    s->local_on = 0;
+    if (s->held) /* what the last registration held back is its own */
+        s->held->n = s->held->used = 0;
     s->shm_params = s->shm_grads = NULL;
     s->shm_bytes = 0;
 }
@@ -247,6 +331,9 @@ static void shm_attach(session_t *s, const omv_welcome_t *w)
         return;
     }
     s->shm_conn = c;
+    if (s->held == NULL)
+        s->held = calloc(1, sizeof(*s->held));
+    s->local_on = s->held != NULL; /* without it, every envelope keeps the socket */
     s->shm_params = p;
     s->shm_grads = g;
     s->shm_bytes = bytes;
@@ -733,8 +820,8 @@ static int take_params(session_t *s, const omv_params_t *p)
         omv_log_error("daemon sent parameters through shared memory we do not have");
         return -EPROTO;
     }
-    size_t len;
-    const void *data = omv_link_payload(s->from, &len);
+    size_t len = 0;
+    const void *data = p->wire == OMV_WIRE_SHM ? NULL : omv_link_payload(s->from, &len);
     if (p->wire == OMV_WIRE_BF16)
         omv_bf16_to_f32(s->params + p->offset, data, p->count);
     else if (p->wire == OMV_WIRE_FP32)
@@ -1129,6 +1216,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
         r = 0;
     release_engine(&s);
     shm_detach(&s);
+    free(s.held);
     servers_close(&s, 1);
     omv_link_destroy(&s.link);
     return r;
