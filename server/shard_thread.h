@@ -9,16 +9,16 @@
 
 #include "router.h"
 #include "shard.h"
+#include "shm.h"
 
 typedef struct omv_shard_thread omv_shard_thread_t;
 
-/* Shards smaller than this (256 Ki parameters, 1 MiB) are better off without a thread: their
- * work a step (about 0.1 ms for the MLP example's 201k-parameter layer: two gradients checked,
- * the update, two serves) is no more than waking a thread and switching to it, and on a host
- * whose cores the trainers keep busy the switch also takes one from them (the MLP, 2 workers
- * on 2 cores: 1.1x the images/s without its thread). The CNN example's 803k-parameter shard
- * keeps one. */
-#define OMV_SHARD_THREAD_MIN_PARAMS (256u * 1024u)
+/* Shards smaller than this are better off without a thread (common/shm.h): their work a step
+ * (about 0.1 ms for the MLP example's 201k-parameter layer: two gradients checked, the update,
+ * two serves) is no more than waking a thread and switching to it, and on a host whose cores
+ * the trainers keep busy the switch also takes one from them (the MLP, 2 workers on 2 cores:
+ * 1.1x the images/s without its thread). The CNN example's 803k-parameter shard keeps one. */
+#define OMV_SHARD_THREAD_MIN_PARAMS OMV_SHM_WAKE_PARAMS
 
 /* Commands (the event loop sends them with omv_shard_thread_*). */
 typedef enum {

@@ -129,10 +129,11 @@ static void flush_local(session_t *s)
 }
 
 /* Sends m on link. A pull or a shared-memory push for the daemon on this host waits in s->held
- * until we next wait for a message (recv_any), then goes with the others on the shared-memory
- * connection in one system call: the daemon wakes once a step for them, not three times while
- * we compute (on 2 cores, each such wake-up takes a core from a trainer). Anything else goes at
- * once on the socket, after what was held. */
+ * until we next wait for a message (recv_any), or until a push of a large shard
+ * (OMV_SHM_WAKE_PARAMS, common/shm.h), then goes with the others on the shared-memory
+ * connection in one system call: the daemon wakes once or twice a step for them, not for each
+ * while we compute (on 2 cores, each wake-up takes a core from a trainer). Anything else goes
+ * at once on the socket, after what was held. */
 static int send_on(session_t *s, omv_link_t *link, const omv_msg_t *m, const void *payload)
 {
     if (via_local(s, link, m)) {
@@ -140,6 +141,8 @@ static int send_on(session_t *s, omv_link_t *link, const omv_msg_t *m, const voi
             flush_local(s);
             omv_shm_batch_add(s->held, m);
         }
+        if (m->type == OMV_MSG_PUSH && m->u.push.count >= OMV_SHM_WAKE_PARAMS)
+            flush_local(s);
         return 0;
     }
     flush_local(s); /* what was held goes first */
