@@ -9,7 +9,8 @@
  * the worker's process goes, however it goes.
  *
  * The connection (SOCK_SEQPACKET: one record a message) also carries the envelopes of the
- * values the segments hold: the worker's Pull and shared-memory Push, and the daemon's
+ * values the segments hold: the worker's Pull and shared-memory Push (and its Leave, which
+ * so comes before the close), and the daemon's
  * shared-memory Params, which a shard's thread sends itself. That takes the ZeroMQ I/O threads
  * and the event loop's hop out of each step's path (about 0.1 ms a round trip on loopback).
  * Everything else (heartbeats, errors, stops) keeps the worker's ZeroMQ socket. */

@@ -375,18 +375,19 @@ void omv_messages_drain(omv_daemon_t *d)
     }
 }
 
-/* What member i may send on its connection: its own pulls, and pushes whose values are in its
- * segment. Returns 1, or 0 with the reason in why. */
+/* What member i may send on its connection: its own pulls, pushes whose values are in its
+ * segment, and its Leave. Returns 1, or 0 with the reason in why. */
 static int allowed(uint32_t i, const omv_msg_t *msg, char *why)
 {
-    uint32_t id = msg->type == OMV_MSG_PULL   ? msg->u.pull.worker_id
-                  : msg->type == OMV_MSG_PUSH ? msg->u.push.worker_id
-                                              : 0;
-    if (id == i + 1 && (msg->type == OMV_MSG_PULL || msg->u.push.wire == OMV_WIRE_SHM))
+    uint32_t id = msg->type == OMV_MSG_PULL    ? msg->u.pull.worker_id
+                  : msg->type == OMV_MSG_PUSH  ? msg->u.push.worker_id
+                  : msg->type == OMV_MSG_LEAVE ? msg->u.leave.worker_id
+                                               : 0;
+    if (id == i + 1 && (msg->type != OMV_MSG_PUSH || msg->u.push.wire == OMV_WIRE_SHM))
         return 1;
     snprintf(why, OMV_WIRE_REASON_MAX,
              "%s%s for worker id %u on the shared-memory connection of worker %u: only its own "
-             "pulls and shared-memory pushes go that way",
+             "pulls, shared-memory pushes and leave go that way",
              omv_msg_name(msg->type),
              msg->type == OMV_MSG_PUSH && msg->u.push.wire != OMV_WIRE_SHM ? " with values" : "",
              id, i + 1);

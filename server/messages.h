@@ -15,8 +15,8 @@ void omv_messages_drain(omv_daemon_t *d);
 void omv_messages_dispatch(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *msg);
 
 /* Handles the envelopes on local workers' connections that poll found ready (fds[n], who[n]
- * from omv_local_pollfds): Pull and shared-memory Push, as if they came on the worker endpoint
- * (anything else is refused as malformed), and the connections that closed (the member is
+ * from omv_local_pollfds): Pull, shared-memory Push and Leave, as if they came on the worker
+ * endpoint (anything else is refused as malformed), and the connections that closed (the member is
  * gone). */
 void omv_messages_drain_local(omv_daemon_t *d, const struct pollfd *fds, const uint32_t *who,
                               int n);

@@ -155,10 +155,10 @@ static void local_pull(int conn, uint32_t id, uint64_t step, const omv_jobspec_t
     }
 }
 
-/* A local worker's shared-memory connection carries only its own pulls and shared-memory
- * pushes: bytes that do not decode, an envelope too large, a push announcing values, another
+/* A local worker's shared-memory connection carries only its own pulls, shared-memory pushes
+ * and leave: bytes that do not decode, an envelope too large, a push announcing values, another
  * worker's pull and a heartbeat are each refused as malformed, on its socket, and the daemon
- * goes on training it over the connection; when the connection closes, the worker is gone. */
+ * goes on training it over the connection; a Leave there, then the close, is a leave. */
 START_TEST(test_local_connection_garbage)
 {
     write_job(1, 2, "groups = 1\nshards = 3");
@@ -218,8 +218,13 @@ START_TEST(test_local_connection_garbage)
                       "parameter %zu went from %g to %g against a gradient of %g", i,
                       (double)before[i], (double)after[i], (double)grads[i]);
     ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
+    /* A Leave there comes before the close that follows it: a leave, not a death. */
+    m = (omv_msg_t){.type = OMV_MSG_LEAVE};
+    m.u.leave.worker_id = id;
+    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
     close(conn);
-    wait_status("shm_gone_total", 1, 5000);
+    wait_status("leaves_total", 1, 5000);
+    ck_assert_int_eq((int)status_field("deaths_total"), 0);
     ck_assert_int_eq((int)status_field("shm_workers"), 0);
     omv_shm_unmap(pm, n * sizeof(float));
     omv_shm_unmap(gm, n * sizeof(float));

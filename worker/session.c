@@ -99,12 +99,14 @@ static void local_lost(session_t *s, int err)
     s->shm_warned = 1;
 }
 
-/* Whether m goes on the shared-memory connection: a pull to the daemon, or a push whose
- * values are in the segment. */
+/* Whether m goes on the shared-memory connection: a pull to the daemon, a push whose values
+ * are in the segment, or our Leave (there it comes before the connection closes as we exit;
+ * over the socket the daemon could see the close first and take us for dead). */
 static int via_local(const session_t *s, const omv_link_t *link, const omv_msg_t *m)
 {
     return s->local_on && link == s->link &&
-           (m->type == OMV_MSG_PULL || (m->type == OMV_MSG_PUSH && m->u.push.wire == OMV_WIRE_SHM));
+           (m->type == OMV_MSG_PULL || m->type == OMV_MSG_LEAVE ||
+            (m->type == OMV_MSG_PUSH && m->u.push.wire == OMV_WIRE_SHM));
 }
 
 /* Sends the envelopes held for the shared-memory connection; those it does not take (full, or
@@ -141,7 +143,8 @@ static int send_on(session_t *s, omv_link_t *link, const omv_msg_t *m, const voi
             flush_local(s);
             omv_shm_batch_add(s->held, m);
         }
-        if (m->type == OMV_MSG_PUSH && m->u.push.count >= OMV_SHM_WAKE_PARAMS)
+        if (m->type == OMV_MSG_LEAVE ||
+            (m->type == OMV_MSG_PUSH && m->u.push.count >= OMV_SHM_WAKE_PARAMS))
             flush_local(s);
         return 0;
     }
