@@ -107,41 +107,74 @@ float omv_sum_squares(const float *v, size_t n)
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+/* The loop of omv_take_checked and omv_take_checked_onto, dst[i] = OUT(i, v) for each value v
+ * = src[i]: the finite check and the squares (in omv_sum_squares' eight partial sums and order)
+ * of the first m values, then the rest. A macro, so that each function has its own loop
+ * without a branch in it (GCC unswitches loops only at -O3). */
+#define TAKE_LOOP(OUT)                                                                             \
+    do {                                                                                           \
+        for (; i + 8 <= m; i += 8)                                                                 \
+            for (int k = 0; k < 8; k++) {                                                          \
+                float v = src[i + k];                                                              \
+                uint32_t bits;                                                                     \
+                memcpy(&bits, &v, sizeof(bits));                                                   \
+                lanes[k] |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);                       \
+                acc[k] += v * v;                                                                   \
+                dst[i + k] = OUT(i + k, v);                                                        \
+            }                                                                                      \
+        for (; i < n; i++) {                                                                       \
+            float v = src[i];                                                                      \
+            uint32_t bits;                                                                         \
+            memcpy(&bits, &v, sizeof(bits));                                                       \
+            lanes[0] |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);                           \
+            if (i < m)                                                                             \
+                acc[0] += v * v;                                                                   \
+            dst[i] = OUT(i, v);                                                                    \
+        }                                                                                          \
+    } while (0)
+
+/* What the loop leaves: the squares, and whether every value was finite. */
+static int take_result(const float *acc, const uint32_t *lanes, float *ret_squares)
+{
+    uint32_t bad = 0;
+    for (int k = 0; k < 8; k++)
+        bad |= lanes[k];
+    *ret_squares =
+        ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return bad == 0;
+}
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 int omv_take_checked(float *restrict dst, const float *restrict src, size_t n, size_t n_squares,
                      int onto_zero, float *ret_sum_squares)
 {
-    /* x + -0.0f is x for every x (a -0 too); 0.0f + x is what a sum of zeros gives. The squares
-     * in omv_sum_squares' eight partial sums and order. */
+    /* x + -0.0f is x for every x (a -0 too); 0.0f + x is what a sum of zeros gives. */
     const float z = onto_zero ? 0.0f : -0.0f;
     float acc[8] = {0};
-    uint32_t lanes[8] = {0}, bad = 0; /* per lane in the loop: no reduction inside it */
+    uint32_t lanes[8] = {0}; /* per lane in the loop: no reduction inside it */
     size_t i = 0, m = n_squares < n ? n_squares : n;
-    for (; i + 8 <= m; i += 8)
-        for (int k = 0; k < 8; k++) {
-            float v = src[i + k];
-            uint32_t bits;
-            memcpy(&bits, &v, sizeof(bits));
-            lanes[k] |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-            acc[k] += v * v;
-            dst[i + k] = v + z;
-        }
-    for (int k = 0; k < 8; k++)
-        bad |= lanes[k];
-    for (; i < n; i++) {
-        float v = src[i];
-        uint32_t bits;
-        memcpy(&bits, &v, sizeof(bits));
-        bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-        if (i < m)
-            acc[0] += v * v;
-        dst[i] = v + z;
-    }
-    *ret_sum_squares =
-        ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    return bad == 0;
+#define TAKE_COPY(j, v) ((v) + z)
+    TAKE_LOOP(TAKE_COPY);
+#undef TAKE_COPY
+    return take_result(acc, lanes, ret_sum_squares);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+int omv_take_checked_onto(float *restrict dst, const float *restrict base,
+                          const float *restrict src, size_t n, size_t n_squares,
+                          float *ret_sum_squares)
+{
+    float acc[8] = {0};
+    uint32_t lanes[8] = {0};
+    size_t i = 0, m = n_squares < n ? n_squares : n;
+#define TAKE_ONTO(j, v) (base[j] + (v))
+    TAKE_LOOP(TAKE_ONTO);
+#undef TAKE_ONTO
+    return take_result(acc, lanes, ret_sum_squares);
 }
 
 void omv_keep_memory_resident(void)

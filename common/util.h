@@ -39,6 +39,10 @@ int omv_all_finite(const float *v, size_t n);
  * finite. */
 int omv_take_checked(float *dst, const float *src, size_t n, size_t n_squares, int onto_zero,
                      float *ret_sum_squares);
+/* The same, onto a sum: dst[i] = base[i] + src[i] (bit for bit base[i] += src[i]), in one pass
+ * that reads base and src once and leaves base as it was (dst must not overlap either). */
+int omv_take_checked_onto(float *dst, const float *base, const float *src, size_t n,
+                          size_t n_squares, float *ret_sum_squares);
 
 /* The sum of the squares of v[n], in float: infinite for values whose squares overflow. */
 float omv_sum_squares(const float *v, size_t n);

@@ -250,6 +250,11 @@ float *omv_shard_sum(omv_shard_t *self, uint32_t group)
     return self->pending[group];
 }
 
+void omv_shard_swap_sum(omv_shard_t *self, uint32_t group, float *buf)
+{
+    self->pending[group] = buf;
+}
+
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
 {
     if (self->pending[group] == NULL) {

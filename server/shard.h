@@ -60,6 +60,8 @@ float *omv_shard_sum(omv_shard_t *self, uint32_t group);
 /* The same for a gradient of bf16 values (any alignment), widened as it is added: exactly what
  * adding its fp32 widening would do, in one pass. */
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16);
+/* Makes buf (count floats, malloc'ed) group's sum; the caller takes the one it replaces. */
+void omv_shard_swap_sum(omv_shard_t *self, uint32_t group, float *buf);
 
 /* Applies the group's pending sum as one update with the mean over `contributors` gradients
  * (none: the model is left as it is), then clears the sum. With g = sum / contributors:

@@ -269,24 +269,37 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
         check_and_add(self, cmd, peer, peer_len, grad, NULL);
         return;
     }
-    /* One pass takes the copy and makes the checks; the first gradient of the group's step goes
-     * straight into its sum, which is zero until then. */
-    float *sum =
-        !cmd->solo && self->counted[cmd->group] == 0 ? omv_shard_sum(sh, cmd->group) : NULL;
-    float *dst = sum ? sum : self->scratch, squares;
-    int finite = omv_take_checked(dst, src, sh->count, sh->trained, sum != NULL, &squares);
+    /* One pass takes the copy, makes the checks and sums. The group's first gradient of the
+     * step goes straight into its sum, which is zero until then; a later one goes into scratch
+     * as the sum so far plus it, which becomes the sum when it passes (the two buffers swap),
+     * so that a refused one leaves the sum as it was. */
+    float *sum = cmd->solo ? NULL : omv_shard_sum(sh, cmd->group), squares;
+    if (!cmd->solo && sum == NULL) {
+        omv_log_error("shard %u: no memory for group %u's sum; a gradient is dropped", self->index,
+                      cmd->group);
+        return;
+    }
+    int first = sum && self->counted[cmd->group] == 0;
+    int finite = sum && !first ? omv_take_checked_onto(self->scratch, sum, src, sh->count,
+                                                       sh->trained, &squares)
+                               : omv_take_checked(first ? sum : self->scratch, src, sh->count,
+                                                  sh->trained, first, &squares);
     int fits = finite &&
                (cmd->norm_bound <= 0.0f || sh->trained == 0 || norm_ok(self, cmd, sqrtf(squares)));
     if (!fits) {
-        if (sum)
+        if (first)
             memset(sum, 0, sh->count * sizeof(float));
         reply(self, finite ? OMV_SHARD_REPLY_NORM : OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len,
               NULL, 0, NULL);
         return;
     }
     if (sum == NULL) {
-        add_gradient(self, cmd, self->scratch, NULL);
+        add_gradient(self, cmd, self->scratch, NULL); /* a group of one: applied at once */
         return;
+    }
+    if (!first) {
+        omv_shard_swap_sum(sh, cmd->group, self->scratch);
+        self->scratch = sum;
     }
     self->counted[cmd->group]++;
     atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);

@@ -379,6 +379,46 @@ START_TEST(test_take_checked_is_the_three_passes)
 }
 END_TEST
 
+/* A later gradient onto the group's sum: dst = sum + src is bit for bit the old copy and
+ * sum[i] += copy[i] (signed zeros, tiny and huge values too), the squares are src's, the sum
+ * is left as it was, and a value that is not finite is caught wherever it is. */
+START_TEST(test_take_checked_onto_is_copy_and_add)
+{
+    enum { N = 1003, TRAINED = 997 };
+    static float src[N], sum[N], keep[N], dst[N], want[N];
+    for (int i = 0; i < N; i++) {
+        src[i] = (float)((i * 7919) % 2001 - 1000) / 64.0f * (i % 3 ? 1.0f : 1e-20f);
+        sum[i] = (float)((i * 104729) % 3001 - 1500) / 16.0f * (i % 5 ? 1.0f : 1e20f);
+    }
+    src[5] = -0.0f;
+    sum[5] = -0.0f; /* -0 + -0 is -0 */
+    src[6] = -0.0f;
+    sum[6] = 0.0f; /* 0 + -0 is +0 */
+    src[7] = 3.0f;
+    sum[7] = -3.0f;
+    src[N - 1] = 1e30f;
+    memcpy(keep, sum, sizeof(sum));
+    memcpy(want, sum, sizeof(sum));
+    for (int i = 0; i < N; i++)
+        want[i] += src[i];
+    float squares = -1.0f;
+    ck_assert(omv_take_checked_onto(dst, sum, src, N, TRAINED, &squares));
+    ck_assert_int_eq(memcmp(dst, want, sizeof(want)), 0);
+    ck_assert_int_eq(memcmp(sum, keep, sizeof(sum)), 0);
+    ck_assert(signbit(dst[5]) != 0 && signbit(dst[6]) == 0);
+    float ref = omv_sum_squares(src, TRAINED);
+    ck_assert_int_eq(memcmp(&squares, &ref, sizeof(ref)), 0);
+    const int at[] = {0, 8, TRAINED - 1, N - 1};
+    for (size_t k = 0; k < sizeof(at) / sizeof(at[0]); k++) {
+        float was = src[at[k]];
+        src[at[k]] = k % 2 ? NAN : INFINITY;
+        ck_assert(!omv_take_checked_onto(dst, sum, src, N, TRAINED, &squares));
+        src[at[k]] = was;
+    }
+    ck_assert_int_eq(memcmp(sum, keep, sizeof(sum)), 0);
+}
+END_TEST
+
 START_TEST(test_start_stop)
 {
     /* Each start returns with the thread in its loop and its ready signal taken off the pipe,
@@ -881,6 +921,7 @@ static Suite *shard_suite(void)
     tcase_add_test(tc, test_groups_independent);
     tcase_add_test(tc, test_discard);
     tcase_add_test(tc, test_take_checked_is_the_three_passes);
+    tcase_add_test(tc, test_take_checked_onto_is_copy_and_add);
     tcase_add_test(tc, test_apply_one_is_sum_and_apply);
     tcase_add_test(tc, test_adam_by_hand);
     tcase_add_test(tc, test_adamw_by_hand);
