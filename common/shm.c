@@ -184,16 +184,6 @@ int omv_shm_send_raw(int conn, const void *env, size_t len)
     return n == (ssize_t)len ? 0 : n < 0 ? -errno : -EMSGSIZE;
 }
 
-int omv_shm_send_msg(int conn, const omv_msg_t *msg)
-{
-    uint8_t buf[OMV_SHM_ENVELOPE_MAX];
-    size_t len;
-    if (omv_wire_payload_count(msg) != 0)
-        return -EINVAL;
-    int r = omv_wire_encode(msg, buf, sizeof(buf), &len);
-    return r < 0 ? r : omv_shm_send_raw(conn, buf, len);
-}
-
 int omv_shm_batch_add(omv_shm_batch_t *b, const omv_msg_t *msg)
 {
     size_t len;

@@ -54,11 +54,9 @@ int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, 
 /* An envelope on the connection: at most this many bytes, and no values after it. */
 #define OMV_SHM_ENVELOPE_MAX 1024
 
-/* Sends msg (Pull, Push or Params with wire OMV_WIRE_SHM) as one record, without waiting: a
- * full connection gives -EAGAIN and the caller sends it the other way. Returns 0 or a negative
+/* Sends an envelope encoded already (omv_wire_encode) as one record, without waiting: a full
+ * connection gives -EAGAIN and the caller sends it the other way. Returns 0 or a negative
  * errno. */
-int omv_shm_send_msg(int conn, const omv_msg_t *msg);
-/* The same with an envelope encoded already (omv_wire_encode). */
 int omv_shm_send_raw(int conn, const void *env, size_t len);
 
 /* A shard this large (256 Ki parameters, 1 MiB of fp32) is worth waking the daemon for: its

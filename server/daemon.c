@@ -67,11 +67,6 @@ static void cron_reload(omv_daemon_t *d)
     }
 }
 
-static void cron_local(omv_daemon_t *d)
-{
-    omv_local_watch(d); /* a local worker's process that is gone is dead at once */
-}
-
 static void cron_control(omv_daemon_t *d)
 {
     omv_control_expire(d->control); /* a client that says nothing is let go */
@@ -91,7 +86,6 @@ typedef struct {
 /* In this order, each when its period has passed. */
 static const cron_task_t cron_tasks[] = {
     {"expire silent members", 100, cron_members},
-    {"workers on this host", 100, cron_local},
     {"the run's periodic work", 100, cron_run},
     {"reload on SIGHUP", 100, cron_reload},
     {"control clients past their time", 100, cron_control},

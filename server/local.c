@@ -145,20 +145,6 @@ void omv_local_gone(omv_daemon_t *d, uint32_t i)
     release(d, m);
 }
 
-void omv_local_watch(omv_daemon_t *d)
-{
-    struct pollfd fds[OMV_MEMBERS_MAX];
-    uint32_t who[OMV_MEMBERS_MAX];
-    int n = omv_local_pollfds(d, fds, who, OMV_MEMBERS_MAX);
-    if (n == 0 || poll(fds, (nfds_t)n, 0) <= 0)
-        return;
-    for (int k = 0; k < n; k++) {
-        char b;
-        if (fds[k].revents != 0 && recv(fds[k].fd, &b, 1, MSG_DONTWAIT | MSG_PEEK) <= 0)
-            omv_local_gone(d, who[k]);
-    }
-}
-
 int omv_local_pollfds(const omv_daemon_t *d, struct pollfd *fds, uint32_t *who, int cap)
 {
     int n = 0;

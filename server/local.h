@@ -30,9 +30,6 @@ void omv_local_offer(omv_local_t *self, member_t *m, omv_welcome_t *w);
 /* Answers the workers that connected (call when the socket is readable). */
 void omv_local_accept(omv_daemon_t *d);
 
-/* Declares dead the members whose connection closed (periodic). */
-void omv_local_watch(omv_daemon_t *d);
-
 /* The connections of the members with segments, for the event loop's poll: fds[cap] and who[cap]
  * (their member index) get them. Returns how many. */
 int omv_local_pollfds(const omv_daemon_t *d, struct pollfd *fds, uint32_t *who, int cap);

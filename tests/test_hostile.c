@@ -127,6 +127,15 @@ START_TEST(test_huge_gradient_refused)
 }
 END_TEST
 
+/* Sends m on a local worker's connection as the worker does (omv_shm_batch). Returns how many
+ * records went. */
+static int local_send(int conn, const omv_msg_t *m)
+{
+    static omv_shm_batch_t b;
+    ck_assert_int_eq(omv_shm_batch_add(&b, m), 0);
+    return omv_shm_batch_flush(conn, &b);
+}
+
 /* The next envelope on a local worker's connection (within 5 s). */
 static void local_recv(int conn, omv_msg_t *m)
 {
@@ -142,7 +151,7 @@ static void local_pull(int conn, uint32_t id, uint64_t step, const omv_jobspec_t
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
     m.u.pull = (omv_pull_t){id, step};
-    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    ck_assert_int_eq(local_send(conn, &m), 1);
     uint8_t got[OMV_WIRE_MAX_SHARDS] = {0};
     for (uint32_t n = 0; n < j->n_shards; n++) {
         local_recv(conn, &m);
@@ -192,11 +201,11 @@ START_TEST(test_local_connection_garbage)
     expect_error(&p, OMV_REFUSE_MALFORMED);
     m = (omv_msg_t){.type = OMV_MSG_PULL};
     m.u.pull = (omv_pull_t){id + 1, 0};
-    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    ck_assert_int_eq(local_send(conn, &m), 1);
     expect_error(&p, OMV_REFUSE_MALFORMED);
     m = (omv_msg_t){.type = OMV_MSG_HEARTBEAT};
     m.u.heartbeat.worker_id = id;
-    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    ck_assert_int_eq(local_send(conn, &m), 1);
     expect_error(&p, OMV_REFUSE_MALFORMED);
     ck_assert_int_eq((int)status_field("refused_malformed_total"), 5);
     /* A step over the connection: the segment's parameters move against its gradient. */
@@ -209,7 +218,7 @@ START_TEST(test_local_connection_garbage)
         uint32_t off = j->shard_offsets[sh], cnt = j->shard_offsets[sh + 1] - off;
         m = (omv_msg_t){.type = OMV_MSG_PUSH};
         m.u.push = (omv_push_t){id, 0, sh, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_SHM};
-        ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+        ck_assert_int_eq(local_send(conn, &m), 1);
     }
     local_pull(conn, id, 1, j);
     const float *after = pm;
@@ -221,7 +230,7 @@ START_TEST(test_local_connection_garbage)
     /* A Leave there comes before the close that follows it: a leave, not a death. */
     m = (omv_msg_t){.type = OMV_MSG_LEAVE};
     m.u.leave.worker_id = id;
-    ck_assert_int_eq(omv_shm_send_msg(conn, &m), 0);
+    ck_assert_int_eq(local_send(conn, &m), 1);
     close(conn);
     wait_status("leaves_total", 1, 5000);
     ck_assert_int_eq((int)status_field("deaths_total"), 0);
