@@ -57,6 +57,11 @@ static void usage(FILE *out)
             "      --no-shm            use the socket even on the daemon's host (by default a\n"
             "                          trainer there exchanges parameters and gradients with it\n"
             "                          through shared memory); OMNIVORE_SHM=0 does the same\n"
+            "      --spin-us N         waiting for its parameters from a daemon on this host,\n"
+            "                          poll the shared-memory connection this many\n"
+            "                          microseconds, yielding the CPU between tries, before\n"
+            "                          sleeping (default 300; 0: sleep at once);\n"
+            "                          OMNIVORE_SPIN_US does the same\n"
             "  -k, --key FILE          this worker's secret certificate (omnivorectl keygen;\n"
             "                          default $OMNIVORE_KEY): CURVE, with --server-key\n"
             "      --server-key FILE   the daemon's public certificate ($OMNIVORE_SERVER_KEY);\n"
@@ -64,6 +69,20 @@ static void usage(FILE *out)
             "  -l, --log-level LEVEL   error, warn, info (default) or debug\n"
             "  -h, --help              this text\n"
             "  -V, --version           the version and protocol version\n");
+}
+
+/* --spin-us (or OMNIVORE_SPIN_US): microseconds, 0 to 100000. Returns -1 to go on, or the exit
+ * status 2. */
+static int parse_spin(const char *arg, omv_session_config_t *cfg)
+{
+    char *end;
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end != '\0' || v < 0 || v > 100000) {
+        omv_log_fatal("--spin-us: '%s' is not a number of microseconds from 0 to 100000", arg);
+        return 2;
+    }
+    cfg->spin_us = (int)v;
+    return -1;
 }
 
 /* --role: trainer, or evaluator (also "eval"). Returns -1 to go on, or the exit status 2. */
@@ -165,6 +184,8 @@ static int parse_option(int opt, const char *arg, omv_session_config_t *cfg)
     case 'M':
         cfg->no_shm = 1;
         return -1;
+    case 'P':
+        return parse_spin(arg, cfg);
     case 'l':
         if (omv_log_set_level_name(arg) < 0) {
             omv_log_fatal("--log-level: '%s' is not error, warn, info or debug", arg);
@@ -280,6 +301,7 @@ static int parse_args(int argc, char **argv, omv_session_config_t *cfg)
         {"name", required_argument, NULL, 'n'},
         {"no-overlap", no_argument, NULL, 'O'},
         {"no-shm", no_argument, NULL, 'M'},
+        {"spin-us", required_argument, NULL, 'P'},
         {"nice", required_argument, NULL, 'N'},
         {"version", no_argument, NULL, 'V'},
         {"key", required_argument, NULL, 'k'},
@@ -378,7 +400,12 @@ int main(int argc, char **argv)
     key_path = getenv("OMNIVORE_KEY");
     server_key_path = getenv("OMNIVORE_SERVER_KEY");
     nice_arg = getenv("OMNIVORE_NICE");
-    int rc = parse_args(argc, argv, &cfg);
+    cfg.spin_us = 300;
+    const char *spin = getenv("OMNIVORE_SPIN_US");
+    int rc = spin && spin[0] ? parse_spin(spin, &cfg) : -1;
+    if (rc >= 0)
+        return rc;
+    rc = parse_args(argc, argv, &cfg);
     if (rc >= 0)
         return rc;
     rc = set_nice(&cfg);

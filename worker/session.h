@@ -23,6 +23,7 @@ typedef struct {
                       * that much slower would (experiments and tests); 0 or 1: none */
     int no_overlap;  /* the serial order: pull, compute, push (measurements and tests) */
     int no_shm;      /* the socket even on the daemon's host (measurements and tests) */
+    int spin_us;     /* waiting for a daemon on this host: poll this long before sleeping */
     const omv_link_curve_t *curve; /* borrowed; CURVE keys, NULL: none */
 } omv_session_config_t;
 
