@@ -62,12 +62,42 @@ int omv_shm_create(size_t bytes, const char *what, void **ret_map)
     return fd;
 }
 
-int omv_shm_send(int conn, int params_fd, int grads_fd, size_t bytes)
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
+#endif
+
+int omv_shm_create_model(size_t bytes, void **ret_map)
+{
+    int fd = memfd_create("omnivore-model", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -errno;
+    void *map = MAP_FAILED;
+    if (ftruncate(fd, (off_t)bytes) == 0)
+        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    /* Our mapping stays writable; any made after this cannot be, nor the size change. */
+    if (map != MAP_FAILED &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) !=
+            0) {
+        int e = errno;
+        munmap(map, bytes);
+        map = MAP_FAILED;
+        errno = e;
+    }
+    if (map == MAP_FAILED) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    *ret_map = map;
+    return fd;
+}
+
+int omv_shm_send(int conn, const int fds[OMV_SHM_FDS], size_t bytes)
 {
     omv_shm_answer_t ans = {bytes};
     struct iovec iov = {&ans, sizeof(ans)};
     union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
+        char buf[CMSG_SPACE(OMV_SHM_FDS * sizeof(int))];
         struct cmsghdr align;
     } ctl;
     memset(&ctl, 0, sizeof(ctl));
@@ -78,9 +108,8 @@ int omv_shm_send(int conn, int params_fd, int grads_fd, size_t bytes)
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-    int fds[2] = {params_fd, grads_fd};
-    memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    c->cmsg_len = CMSG_LEN(OMV_SHM_FDS * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, OMV_SHM_FDS * sizeof(int));
     return sendmsg(conn, &msg, MSG_NOSIGNAL) == (ssize_t)sizeof(ans) ? 0 : -errno;
 }
 
@@ -92,12 +121,12 @@ static int wait_readable(int conn, int timeout_ms)
     return n > 0 ? 0 : n == 0 ? -ETIMEDOUT : -errno;
 }
 
-/* Receives the answer and its two fds. Returns 0 or a negative errno. */
+/* Receives the answer and its fds. Returns 0 or a negative errno. */
 static int recv_answer(int conn, omv_shm_answer_t *ans, int *fds)
 {
     struct iovec iov = {ans, sizeof(*ans)};
     union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
+        char buf[CMSG_SPACE(OMV_SHM_FDS * sizeof(int))];
         struct cmsghdr align;
     } ctl;
     struct msghdr msg = {.msg_iov = &iov,
@@ -109,10 +138,10 @@ static int recv_answer(int conn, omv_shm_answer_t *ans, int *fds)
         return -errno;
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     if (n != (ssize_t)sizeof(*ans) || c == NULL || c->cmsg_type != SCM_RIGHTS ||
-        c->cmsg_len != CMSG_LEN(2 * sizeof(int))) {
+        c->cmsg_len != CMSG_LEN(OMV_SHM_FDS * sizeof(int))) {
         if (c && c->cmsg_type == SCM_RIGHTS && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
             size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k && i < 2; i++) {
+            for (size_t i = 0; i < k && i < OMV_SHM_FDS; i++) {
                 int fd;
                 memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
                 close(fd);
@@ -120,19 +149,19 @@ static int recv_answer(int conn, omv_shm_answer_t *ans, int *fds)
         }
         return n == 0 ? -ECONNRESET : -EPROTO;
     }
-    memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+    memcpy(fds, CMSG_DATA(c), OMV_SHM_FDS * sizeof(int));
     return 0;
 }
 
 int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, int timeout_ms,
-                   void **ret_params, void **ret_grads, char *why)
+                   omv_shm_maps_t *ret, char *why)
 {
     int conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     if (conn < 0)
         return -errno;
     struct sockaddr_un a;
     socklen_t len = abstract_addr(&a, name);
-    int r = 0, fds[2] = {-1, -1};
+    int r = 0, fds[OMV_SHM_FDS] = {-1, -1, -1};
     omv_shm_answer_t ans;
     const char *step = "";
     if (connect(conn, (struct sockaddr *)&a, len) != 0) {
@@ -149,22 +178,23 @@ int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, 
         r = -EPROTO;
         step = "size";
     }
-    void *p = MAP_FAILED, *g = MAP_FAILED;
+    void *p = MAP_FAILED, *g = MAP_FAILED, *model = MAP_FAILED;
     if (r == 0) {
         step = "map";
         p = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
         g = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
-        if (p == MAP_FAILED || g == MAP_FAILED)
+        model = mmap(NULL, want, PROT_READ, MAP_SHARED, fds[2], 0);
+        if (p == MAP_FAILED || g == MAP_FAILED || model == MAP_FAILED)
             r = -errno;
     }
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < OMV_SHM_FDS; i++)
         if (fds[i] >= 0)
             close(fds[i]);
     if (r < 0) {
-        if (p != MAP_FAILED)
-            munmap(p, want);
-        if (g != MAP_FAILED)
-            munmap(g, want);
+        void *maps[3] = {p, g, model};
+        for (int i = 0; i < 3; i++)
+            if (maps[i] != MAP_FAILED)
+                munmap(maps[i], want);
         close(conn);
         if (r == -EPROTO && strcmp(step, "size") == 0)
             snprintf(why, OMV_WIRE_REASON_MAX, "segments of %llu bytes, the model needs %zu",
@@ -173,8 +203,7 @@ int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, 
             snprintf(why, OMV_WIRE_REASON_MAX, "%s: %s", step, omv_strerror(r));
         return r;
     }
-    *ret_params = p;
-    *ret_grads = g;
+    *ret = (omv_shm_maps_t){p, g, model};
     return conn;
 }
 

@@ -1,12 +1,14 @@
 /* Shared segments between omnivored and a trainer on its host: the daemon writes a pull's
  * parameters straight into the worker's params segment and reads its gradients from its grads
- * segment, with ZeroMQ carrying only the envelopes (wire OMV_WIRE_SHM). Both segments are
- * memfds: they have no name anywhere, so nothing outlives the last process that maps them
- * (a SIGKILLed worker leaves nothing behind), and they reach the worker only through an
- * abstract unix socket of the daemon's (SCM_RIGHTS). Abstract sockets belong to a network
- * namespace: a worker in another one (another host, as far as it can tell) cannot connect and
- * keeps tcp. The connection stays open while the worker lives: the daemon sees it close when
- * the worker's process goes, however it goes.
+ * segment, with only the envelopes on a socket (wire OMV_WIRE_SHM). While the job has one
+ * compute group, nothing is written at all: the worker reads the daemon's own parameters in the
+ * model segment, which no update touches until every member of the group has pushed the shard
+ * it read (an envelope's `shared`). The segments are memfds: they have no name anywhere, so nothing
+ * outlives the last process that maps them (a SIGKILLed worker leaves nothing behind), and they
+ * reach the worker only through an abstract unix socket of the daemon's (SCM_RIGHTS). Abstract
+ * sockets belong to a network namespace: a worker in another one (another host, as far as it can
+ * tell) cannot connect and keeps tcp. The connection stays open while the worker lives: the daemon
+ * sees it close when the worker's process goes, however it goes.
  *
  * The connection (SOCK_SEQPACKET: one record a message) also carries the envelopes of the
  * values the segments hold: the worker's Pull and shared-memory Push (and its Leave, which
@@ -28,10 +30,19 @@ typedef struct {
     uint64_t token;
 } omv_shm_hello_t;
 
-/* What the daemon answers, with the two memfds: params then grads, `bytes` each. */
+/* What the daemon answers, with OMV_SHM_FDS memfds of `bytes` each: the worker's params and
+ * grads segments, then the job's model segment (omv_shm_create_model: the daemon's parameters
+ * themselves, which the worker can map only to read). */
+#define OMV_SHM_FDS 3
 typedef struct {
     uint64_t bytes;
 } omv_shm_answer_t;
+
+/* A worker's mappings of them. */
+typedef struct {
+    float *params, *grads;
+    const float *model;
+} omv_shm_maps_t;
 
 /* Daemon: listens on a fresh abstract socket; name[OMV_WIRE_SHM_NAME_MAX] gets its name as a
  * Welcome carries it (without the leading NUL). Returns a nonblocking fd or a negative errno. */
@@ -41,15 +52,22 @@ int omv_shm_listen(char *name);
  * a negative errno. */
 int omv_shm_create(size_t bytes, const char *what, void **ret_map);
 
-/* Daemon: sends the answer and the two fds on conn. Returns 0 or a negative errno. */
-int omv_shm_send(int conn, int params_fd, int grads_fd, size_t bytes);
+/* Daemon: makes the model segment, where a job's parameters live: our mapping (*ret_map) is
+ * writable, and every mapping made from the fd after this is read-only (sealed with
+ * F_SEAL_FUTURE_WRITE; nor can its size change), so that a worker on this host reads the
+ * parameters where they are and can never write them. Returns its fd or a negative errno. */
+int omv_shm_create_model(size_t bytes, void **ret_map);
+
+/* Daemon: sends the answer and the fds (params, grads, model) on conn. Returns 0 or a negative
+ * errno. */
+int omv_shm_send(int conn, const int fds[OMV_SHM_FDS], size_t bytes);
 
 /* Worker: connects to the daemon's socket name, says who it is and receives its segments,
- * mapped (bytes each, which must be want). Waits up to timeout_ms. Returns the connection (keep
- * it open while the segments are used) or a negative errno, with the reason in
- * why[OMV_WIRE_REASON_MAX]. */
+ * mapped into *ret (bytes each, which must be want; the model read-only). Waits up to
+ * timeout_ms. Returns the connection (keep it open while the segments are used) or a negative
+ * errno, with the reason in why[OMV_WIRE_REASON_MAX]. */
 int omv_shm_attach(const char *name, const omv_shm_hello_t *hello, size_t want, int timeout_ms,
-                   void **ret_params, void **ret_grads, char *why);
+                   omv_shm_maps_t *ret, char *why);
 
 /* An envelope on the connection: at most this many bytes, and no values after it. */
 #define OMV_SHM_ENVELOPE_MAX 1024

@@ -225,6 +225,7 @@ static Omnivore__Params *encode_params(const omv_params_t *p, Omnivore__Params *
     out->slice_count = p->slice_count;
     out->batch = p->batch;
     out->wire = p->wire;
+    out->shared = p->shared;
     return out;
 }
 
@@ -646,8 +647,12 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
         const Omnivore__Params *p = env->params;
         if (p->wire > OMV_WIRE_SHM)
             FAIL("parameters' wire %u is not fp32 (0), bf16 (1) or shm (2)", p->wire);
-        m->u.params = (omv_params_t){p->step,        p->shard,       p->offset, p->count, p->group,
-                                     p->slice_begin, p->slice_count, p->batch,  p->wire};
+        if (p->shared > 1 || (p->shared && p->wire != OMV_WIRE_SHM))
+            FAIL("parameters' shared is %u with wire %u: only shm (2) parameters are shared",
+                 p->shared, p->wire);
+        m->u.params =
+            (omv_params_t){p->step,        p->shard,       p->offset, p->count, p->group,
+                           p->slice_begin, p->slice_count, p->batch,  p->wire,  p->shared};
         return 0;
     }
     case OMNIVORE__ENVELOPE__BODY_PUSH: {

@@ -11,7 +11,7 @@
 #include "q8.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 7
+#define OMV_PROTOCOL_VERSION 8
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
@@ -245,8 +245,9 @@ typedef struct {
     uint32_t shard, offset, count; /* count floats follow */
     uint32_t group;
     uint32_t slice_begin, slice_count;
-    uint32_t batch; /* images to compute this step */
-    uint32_t wire;  /* OMV_WIRE_*: how the values are stored */
+    uint32_t batch;  /* images to compute this step */
+    uint32_t wire;   /* OMV_WIRE_*: how the values are stored */
+    uint32_t shared; /* wire OMV_WIRE_SHM: in the model segment, not the worker's (common/shm.h) */
 } omv_params_t;
 
 typedef struct {

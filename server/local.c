@@ -73,7 +73,11 @@ static int hand_over(omv_daemon_t *d, member_t *m, int conn)
     void *pm = NULL, *gm = NULL;
     int pf = omv_shm_create(bytes, "omnivore-params", &pm);
     int gf = pf < 0 ? pf : omv_shm_create(bytes, "omnivore-grads", &gm);
-    int r = gf < 0 ? gf : omv_shm_send(conn, pf, gf, bytes);
+    /* Without a model segment (none could be made) the third is the params segment again,
+     * and every step's parameters are copies. */
+    int model = d->run->shards->model_fd;
+    int fds[OMV_SHM_FDS] = {pf, gf, model >= 0 ? model : pf};
+    int r = gf < 0 ? gf : omv_shm_send(conn, fds, bytes);
     if (pf >= 0)
         close(pf);
     if (gf >= 0)
@@ -88,6 +92,7 @@ static int hand_over(omv_daemon_t *d, member_t *m, int conn)
     m->shm_params = pm;
     m->shm_grads = gm;
     m->shm_bytes = bytes;
+    m->shm_model = model >= 0;
     m->shm_token = 0; /* used */
     return 0;
 }
@@ -117,8 +122,8 @@ static void attach(omv_daemon_t *d, int conn)
     }
     d->local.attached_total++;
     omv_log_info("worker %u is on this host: its parameters and gradients go through shared "
-                 "memory (2 x %zu bytes)",
-                 h.worker_id, m->shm_bytes);
+                 "memory (2 x %zu bytes, and the model's own %s)",
+                 h.worker_id, m->shm_bytes, m->shm_model ? "read-only" : "not shared: copies");
 }
 
 void omv_local_accept(omv_daemon_t *d)

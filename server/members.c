@@ -48,6 +48,8 @@ void omv_members_shm_release(member_t *m)
     omv_shm_unmap(m->shm_grads, m->shm_bytes);
     close(m->shm_conn);
     m->shm_on = 0;
+    m->shm_model = m->inplace = 0;
+    memset(m->inplace_sent, 0, sizeof(m->inplace_sent));
     m->shm_params = m->shm_grads = NULL;
     m->shm_bytes = 0;
 }

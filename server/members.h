@@ -61,7 +61,11 @@ typedef struct {
     omv_step_report_t *early; /* [OMV_MEMBER_EARLY_MAX] once needed; freed with the record */
     uint32_t early_head, n_early;
     int shm_on;
-    int shm_conn; /* the connection it got them on: it closes when the worker's process goes */
+    int shm_conn;  /* the connection it got them on: it closes when the worker's process goes */
+    int shm_model; /* it maps the model segment (common/shm.h): parameters can be read in place */
+    int inplace;   /* this pull's parameters are read in place (fixed when its first shard goes) */
+    uint64_t inplace_sent[(OMV_WIRE_MAX_SHARDS + 63) / 64]; /* shards read in place, not pushed */
+    uint32_t inplace_writes[OMV_WIRE_MAX_SHARDS]; /* the shard's writes when it was sent */
     float *shm_params, *shm_grads;
     size_t shm_bytes;
 } member_t;

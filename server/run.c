@@ -787,6 +787,9 @@ static void begin_serve(omv_run_t *r, member_t *m, uint32_t group, uint64_t step
     m->served = 1;
     m->served_step = step;
     m->served_ms = omv_time_ms();
+    /* With one group, a shard is written only once every member pushed it: a local member
+     * can read the parameters where they are, in the model segment, for the whole step. */
+    m->inplace = m->shm_on && m->shm_model && omv_groups_count(r->groups) == 1;
     m->batch = member_batch(r, m, group, step);
     m->weight = push_weight(r, m, group);
 }
@@ -818,7 +821,13 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
                            .wire = m->shm_on ? OMV_WIRE_SHM : omv_wire_of_params(r->job.wire),
                            .shm_dst = m->shm_on ? m->shm_params : NULL,
                            .shm_send = (uint32_t)m->shm_on,
-                           .shm_conn = m->shm_on ? m->shm_conn : -1};
+                           .shm_conn = m->shm_on ? m->shm_conn : -1,
+                           .shm_inplace = (uint32_t)(m->shm_on && m->inplace)};
+    if (cmd.shm_inplace) {
+        r->inplace_serves_total++;
+        m->inplace_sent[s / 64] |= bit;
+        m->inplace_writes[s] = r->shards->writes[s];
+    }
     omv_shardset_send(r->shards, s, &cmd, &m->peer, NULL);
     m->sent[s / 64] |= bit;
     m->sent_n++;
@@ -920,6 +929,27 @@ void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
 
 /* ---- pushes ---- */
 
+/* A gradient of a shard the member read in place: the parameters must not have changed while
+ * it computed from them. With one group nothing changes a shard before its members pushed it;
+ * were that ever broken (a restore, an update of another group), the gradient was computed from
+ * a mix of two versions and is refused. Returns 1 when it may go on, else 0 with why. */
+static int read_in_place_held(omv_run_t *r, member_t *m, uint32_t s, char *why)
+{
+    uint64_t bit = 1ull << (s % 64);
+    if (!(m->inplace_sent[s / 64] & bit))
+        return 1;
+    m->inplace_sent[s / 64] &= ~bit;
+    uint32_t writes = r->shards->writes[s] - m->inplace_writes[s];
+    if (writes == 0)
+        return 1;
+    r->inplace_raced_total++;
+    snprintf(why, OMV_WIRE_REASON_MAX,
+             "shard %u's parameters changed %u times while it computed from them in shared "
+             "memory",
+             s, writes);
+    return 0;
+}
+
 /* Checks a push against the job's state, the groups and the shard's range. Returns 1 when it
  * fits; else it was refused (or dropped as late) and 0. */
 static int push_fits(omv_run_t *r, member_t *m, const omv_push_t *p, const char *who)
@@ -961,6 +991,10 @@ static int push_fits(omv_run_t *r, member_t *m, const omv_push_t *p, const char 
     if (p->wire == OMV_WIRE_SHM && !m->shm_on) {
         omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_MALFORMED, who,
                          "a gradient in shared memory from a worker that has no segment");
+        return 0;
+    }
+    if (!read_in_place_held(r, m, p->shard, why)) {
+        omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_STEP, who, why);
         return 0;
     }
     const omv_shard_t *sh = &r->shards->shards[p->shard];

@@ -125,7 +125,9 @@ typedef struct {
     uint64_t pushes_recorded_total;           /* gradients recorded in the groups' bookkeeping */
     uint64_t bytes_in_total, bytes_out_total; /* gradients taken, parameters sent (sockets) */
     uint64_t serves_total;                    /* steps' parameters sent to members */
-    omv_reconfig_t reconfig;                  /* applied when every group is between steps */
+    uint64_t inplace_serves_total;            /* shards a local member read in the model segment */
+    uint64_t inplace_raced_total; /* their gradients refused: the shard changed meanwhile */
+    omv_reconfig_t reconfig;      /* applied when every group is between steps */
 
     omv_eval_t eval;
     omv_run_ckpt_t ckpt;

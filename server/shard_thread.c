@@ -305,12 +305,14 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
     atomic_fetch_add_explicit(&self->summed, 1, memory_order_relaxed);
 }
 
-/* Parameters into the worker's shared segment; only the envelope goes out. */
+/* Parameters into the worker's shared segment (or, read in place, nowhere); only the envelope
+ * goes out. */
 static void serve_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                       size_t peer_len, const uint8_t *env, size_t env_len)
 {
     omv_shard_t *sh = self->shard;
-    memcpy(cmd->shm_dst + sh->offset, sh->params, sh->count * sizeof(float));
+    if (!cmd->shm_inplace)
+        memcpy(cmd->shm_dst + sh->offset, sh->params, sh->count * sizeof(float));
     atomic_fetch_add_explicit(&self->serves, 1, memory_order_relaxed);
     if (cmd->shm_send && omv_shm_send_raw(cmd->shm_conn, env, env_len) == 0)
         return;
@@ -324,7 +326,7 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
     omv_msg_t m = {.type = OMV_MSG_PARAMS};
     m.u.params =
         (omv_params_t){cmd->step,        self->index,      sh->offset, sh->count, cmd->group,
-                       cmd->slice_begin, cmd->slice_count, cmd->batch, cmd->wire};
+                       cmd->slice_begin, cmd->slice_count, cmd->batch, cmd->wire, cmd->shm_inplace};
     size_t bytes = omv_wire_value_bytes(cmd->wire, sh->count);
     uint8_t env[1024];
     size_t env_len;

@@ -58,6 +58,8 @@ typedef struct {
                         * connection (server/local.h), by this thread; when that fails
                         * (full), through the event loop as without */
     int shm_conn;
+    uint32_t shm_inplace;      /* SERVE with shm_dst: nothing is copied; the worker reads the
+                                * parameters in the model segment (the envelope says shared) */
     const float *shm_src;      /* PUSH with wire OMV_WIRE_SHM: the worker's grads segment */
     float *second_dst;         /* GATHER: Adam's second moments, whole-model
                                 * (NULL: not wanted, or the shard has none) */

@@ -7,8 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
+#include "shm.h"
 #include "util.h"
 
 /* How long a whole-model copy waits for a shard's acknowledgement. */
@@ -40,13 +42,21 @@ omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
     omv_shardset_t *self = calloc(1, sizeof(*self));
     if (self == NULL)
         return NULL;
+    self->model_fd = -1;
     self->router = router;
     self->refusals = refusals;
     size_t n = layout->param_count;
     self->param_count = n;
     _Static_assert(OMV_MODEL_MAX_SHARDS == OMV_WIRE_MAX_SHARDS, "a model's shards fit the wire");
     self->n_shards = omv_model_shard_layout(layout, n_shards, self->offsets);
-    self->params = malloc(n * sizeof(float));
+    /* The parameters live in the model segment that local workers read them from; where
+     * no memfd can be made, in our own memory (local workers then get copies). */
+    void *map = NULL;
+    self->model_fd = omv_shm_create_model((n ? n : 1) * sizeof(float), &map);
+    self->params = self->model_fd >= 0 ? map : malloc(n * sizeof(float));
+    if (self->model_fd < 0)
+        omv_log_warn("no model segment (%s): workers on this host get copies of the parameters",
+                     omv_strerror(self->model_fd));
     self->shards = calloc(self->n_shards, sizeof(omv_shard_t));
     self->threads = calloc(self->n_shards, sizeof(*self->threads));
     self->gather_params = malloc(n * sizeof(float));
@@ -118,7 +128,12 @@ void omv_shardset_destroy(omv_shardset_t **self_p)
         omv_shard_fini(&self->shards[s]);
     free(self->threads);
     free(self->shards);
-    free(self->params);
+    if (self->model_fd >= 0) {
+        omv_shm_unmap(self->params, (self->param_count ? self->param_count : 1) * sizeof(float));
+        close(self->model_fd);
+    } else {
+        free(self->params);
+    }
     free(self->gather_params);
     free(self->gather_velocity);
     free(self->gather_second);
@@ -129,16 +144,27 @@ void omv_shardset_destroy(omv_shardset_t **self_p)
     *self_p = NULL;
 }
 
+/* Every command to a shard goes through here: those that change its parameters are counted
+ * (writes), in the order the shard runs them. */
+static int send_to(omv_shardset_t *self, uint32_t s, const omv_shard_cmd_t *cmd,
+                   const omv_peer_t *peer, omv_payload_t *payload)
+{
+    if (cmd->type == OMV_SHARD_CMD_APPLY || cmd->type == OMV_SHARD_CMD_RESTORE ||
+        (cmd->type == OMV_SHARD_CMD_PUSH && cmd->solo))
+        self->writes[s]++;
+    return omv_shard_thread_send(self->threads[s], cmd, peer, payload);
+}
+
 int omv_shardset_send(omv_shardset_t *self, uint32_t s, const omv_shard_cmd_t *cmd,
                       const omv_peer_t *peer, omv_payload_t *payload)
 {
-    return omv_shard_thread_send(self->threads[s], cmd, peer, payload);
+    return send_to(self, s, cmd, peer, payload);
 }
 
 void omv_shardset_send_all(omv_shardset_t *self, const omv_shard_cmd_t *cmd, const omv_peer_t *peer)
 {
     for (uint32_t s = 0; s < self->n_shards; s++)
-        omv_shard_thread_send(self->threads[s], cmd, peer, NULL);
+        send_to(self, s, cmd, peer, NULL);
 }
 
 static void on_not_finite(omv_shardset_t *self, const omv_shard_reply_t *rep,
@@ -233,7 +259,7 @@ void omv_shardset_drain(omv_shardset_t *self)
 static int to_all_shards(omv_shardset_t *self, const omv_shard_cmd_t *cmd)
 {
     for (uint32_t s = 0; s < self->n_shards; s++) {
-        int r = omv_shard_thread_send(self->threads[s], cmd, NULL, NULL);
+        int r = send_to(self, s, cmd, NULL, NULL);
         if (r < 0)
             return r;
     }

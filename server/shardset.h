@@ -21,7 +21,11 @@ typedef struct {
     size_t param_count;
     uint32_t n_shards;
     uint32_t offsets[OMV_WIRE_MAX_SHARDS + 1];
-    float *params;                              /* [param_count], split among the shards */
+    float *params;                              /* [param_count], split among the shards: in
+                                                 * the model segment (common/shm.h) */
+    int model_fd;                               /* the model segment; -1: params is ours */
+    uint32_t writes[OMV_WIRE_MAX_SHARDS];       /* commands sent so far that change each
+                                                 * shard's parameters (updates, restores) */
     omv_shard_t *shards;                        /* [n_shards], each owned by its executor */
     omv_shard_thread_t **threads;               /* [n_shards] */
     uint32_t threaded;                          /* shards with a thread of their own */

@@ -110,6 +110,8 @@ static void section_cluster(const omv_daemon_t *d, const omv_run_t *r, int json,
     omv_kv_int(kv, "shm_attached_total", (int64_t)d->local.attached_total);
     omv_kv_int(kv, "shm_gone_total", (int64_t)d->local.gone_total);
     omv_kv_int(kv, "shm_refused_total", (int64_t)d->local.refused_total);
+    omv_kv_int(kv, "shm_inplace_serves_total", (int64_t)r->inplace_serves_total);
+    omv_kv_int(kv, "shm_inplace_raced_total", (int64_t)r->inplace_raced_total);
     omv_kv_int(kv, "evaluator_alive", r->eval.evaluator != 0);
     omv_kv_int(kv, "evaluations_total", (int64_t)r->eval.n_history);
     omv_kv_int(kv, "groups", r->job.groups);

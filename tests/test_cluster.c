@@ -145,6 +145,9 @@ static void train_to_checkpoint(const char *overlap, const char *shm, omv_checkp
     int shared = has_text(log, "go through shared memory with the daemon");
     ck_assert_msg(shared == (strcmp(shm, "1") == 0), "shared memory %s: %s",
                   shared ? "used" : "not used", log);
+    /* Every job here has one group: a local worker reads the daemon's parameters in place. */
+    ck_assert_msg(has_text(log, "reads the parameters in place") == shared,
+                  "parameters in shared memory, yet not read in place: %s", log);
     ck_assert_msg(rc == 0 && has_text(json, "\"state\":\"done\""), "run: %d %s", rc, json);
     const char *at = strstr(json, "\"checkpoint\":\"");
     ck_assert_msg(at != NULL, "no checkpoint in the summary: %s", json);
@@ -175,6 +178,14 @@ START_TEST(test_overlap_bit_identical)
     same_model(&serial, &overlapped, "with overlap (bf16)");
     omv_checkpoint_fini(&serial);
     omv_checkpoint_fini(&overlapped);
+    /* fp32, the same model: overlapped on the socket, and in shared memory, where the workers
+     * compute from the daemon's own parameters in place (batch norm's state among them). */
+    write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nwire = fp32");
+    train_to_checkpoint("1", "0", &overlapped);
+    train_to_checkpoint("1", "1", &shared);
+    same_model(&overlapped, &shared, "read in place (conv, batch norm, fc)");
+    omv_checkpoint_fini(&overlapped);
+    omv_checkpoint_fini(&shared);
     /* fp32: serial on the socket, overlapped on the socket, overlapped in shared memory (which
      * carries fp32 whatever the wire). */
     write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nwire = fp32");
@@ -439,7 +450,8 @@ START_TEST(test_worker_killed)
 }
 END_TEST
 
-/* The daemon's resident memory in kB, its open files, and its mappings of shared segments. */
+/* The daemon's resident memory in kB, its open files, and its mappings of workers' shared
+ * segments (the model's own segment, the job's, is not one of them). */
 static void daemon_usage(pid_t d, long *rss_kb, int *fds, int *segments)
 {
     char path[64], line[512];
@@ -450,7 +462,8 @@ static void daemon_usage(pid_t d, long *rss_kb, int *fds, int *segments)
     ck_assert_ptr_nonnull(f);
     *segments = 0;
     while (fgets(line, sizeof(line), f))
-        *segments += strstr(line, "memfd:omnivore") != NULL;
+        *segments +=
+            strstr(line, "memfd:omnivore") != NULL && strstr(line, "memfd:omnivore-model") == NULL;
     fclose(f);
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "ls /proc/%d/fd | wc -l", (int)d);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <grp.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -157,6 +158,8 @@ static void local_pull(int conn, uint32_t id, uint64_t step, const omv_jobspec_t
         local_recv(conn, &m);
         ck_assert_int_eq(m.type, OMV_MSG_PARAMS);
         ck_assert_int_eq(m.u.params.wire, OMV_WIRE_SHM);
+        ck_assert_msg(m.u.params.shared, "one group, yet shard %u was copied, not read in place",
+                      m.u.params.shard);
         ck_assert_int_eq(m.u.params.step, step);
         ck_assert_uint_lt(m.u.params.shard, j->n_shards);
         ck_assert_msg(!got[m.u.params.shard], "shard %u answered twice", m.u.params.shard);
@@ -182,10 +185,15 @@ START_TEST(test_local_connection_garbage)
     uint32_t id = wl->worker_id;
     size_t n = j->param_count;
     omv_shm_hello_t h = {.worker_id = id, .token = wl->shm_token};
-    void *pm = NULL, *gm = NULL;
+    omv_shm_maps_t maps;
     char why[OMV_WIRE_REASON_MAX] = "";
-    int conn = omv_shm_attach(wl->shm_socket, &h, n * sizeof(float), 2000, &pm, &gm, why);
+    int conn = omv_shm_attach(wl->shm_socket, &h, n * sizeof(float), 2000, &maps, why);
     ck_assert_msg(conn >= 0, "attach: %s", why);
+    /* The daemon's own parameters can be read, never written. */
+    errno = 0;
+    ck_assert_msg(mprotect((void *)maps.model, n * sizeof(float), PROT_READ | PROT_WRITE) != 0,
+                  "the model segment could be made writable");
+    ck_assert_int_eq(errno, EACCES);
     static uint8_t junk[4096];
     memset(junk, 0xa5, sizeof(junk));
     ck_assert_int_eq(send(conn, junk, 37, 0), 37);
@@ -208,10 +216,11 @@ START_TEST(test_local_connection_garbage)
     ck_assert_int_eq(local_send(conn, &m), 1);
     expect_error(&p, OMV_REFUSE_MALFORMED);
     ck_assert_int_eq((int)status_field("refused_malformed_total"), 5);
-    /* A step over the connection: the segment's parameters move against its gradient. */
-    float *before = malloc(n * sizeof(float)), *grads = gm;
+    /* A step over the connection, the parameters read in place: they move against its
+     * gradient. */
+    float *before = malloc(n * sizeof(float)), *grads = maps.grads;
     local_pull(conn, id, 0, j);
-    memcpy(before, pm, n * sizeof(float));
+    memcpy(before, maps.model, n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         grads[i] = i % 2 ? 0.01f : -0.01f;
     for (uint32_t sh = j->n_shards; sh-- > 0;) {
@@ -221,11 +230,13 @@ START_TEST(test_local_connection_garbage)
         ck_assert_int_eq(local_send(conn, &m), 1);
     }
     local_pull(conn, id, 1, j);
-    const float *after = pm;
+    const float *after = maps.model;
     for (size_t i = 0; i < n; i++)
         ck_assert_msg((after[i] - before[i]) * grads[i] < 0.0f,
                       "parameter %zu went from %g to %g against a gradient of %g", i,
                       (double)before[i], (double)after[i], (double)grads[i]);
+    ck_assert_int_eq((int)status_field("shm_inplace_serves_total"), 2 * (int)j->n_shards);
+    ck_assert_int_eq((int)status_field("shm_inplace_raced_total"), 0);
     ck_assert_int_eq(waitpid(d, NULL, WNOHANG), 0);
     /* A Leave there comes before the close that follows it: a leave, not a death. */
     m = (omv_msg_t){.type = OMV_MSG_LEAVE};
@@ -235,8 +246,9 @@ START_TEST(test_local_connection_garbage)
     wait_status("leaves_total", 1, 5000);
     ck_assert_int_eq((int)status_field("deaths_total"), 0);
     ck_assert_int_eq((int)status_field("shm_workers"), 0);
-    omv_shm_unmap(pm, n * sizeof(float));
-    omv_shm_unmap(gm, n * sizeof(float));
+    omv_shm_unmap(maps.params, n * sizeof(float));
+    omv_shm_unmap(maps.grads, n * sizeof(float));
+    omv_shm_unmap((void *)maps.model, n * sizeof(float));
     free(before);
     peer_close(&p);
     shutdown_daemon(d);

@@ -53,10 +53,14 @@ typedef struct {
     int local_on;          /* the envelopes of shared-memory steps go on shm_conn (common/shm.h) */
     omv_shm_batch_t *held; /* envelopes for shm_conn, sent when we next wait (flush_local) */
     float *shm_params, *shm_grads;
+    const float *shm_model; /* the daemon's parameters themselves, read-only */
     size_t shm_bytes;
+    int shared_step;      /* this step's parameters are read in shm_model */
+    int shared_said;      /* said once that they are */
     int shm_step;         /* this step's parameters came through them (and its gradient goes so) */
     int shm_warned;       /* said once that the socket is used instead */
-    float *p, *g;         /* where this step's parameters and gradient are: the segments or ours */
+    const float *p;       /* where this step's parameters are: a segment or ours */
+    float *g;             /* and its gradient */
     uint16_t *grad16;     /* [param_count] the gradient as bf16 travels */
     uint8_t *grad8;       /* [wire int8] one shard's gradient as it travels (common/q8.h) */
     float *residual;      /* [wire int8: param_count] what rounding to int8 has not sent yet */
@@ -328,6 +332,7 @@ static void shm_detach(session_t *s)
 {
     omv_shm_unmap(s->shm_params, s->shm_bytes);
     omv_shm_unmap(s->shm_grads, s->shm_bytes);
+    omv_shm_unmap((void *)s->shm_model, s->shm_bytes);
     if (s->shm_conn >= 0)
         close(s->shm_conn);
     s->shm_conn = -1;
@@ -335,6 +340,7 @@ static void shm_detach(session_t *s)
     if (s->held) /* what the last registration held back is its own */
         s->held->n = s->held->used = 0;
     s->shm_params = s->shm_grads = NULL;
+    s->shm_model = NULL;
     s->shm_bytes = 0;
 }
 
@@ -349,8 +355,8 @@ static void shm_attach(session_t *s, const omv_welcome_t *w)
     char why[OMV_WIRE_REASON_MAX];
     omv_shm_hello_t h = {.worker_id = s->worker_id, .token = w->shm_token};
     size_t bytes = (size_t)w->job.param_count * sizeof(float);
-    void *p = NULL, *g = NULL;
-    int c = omv_shm_attach(w->shm_socket, &h, bytes, 2000, &p, &g, why);
+    omv_shm_maps_t maps;
+    int c = omv_shm_attach(w->shm_socket, &h, bytes, 2000, &maps, why);
     if (c < 0) {
         if (!s->shm_warned)
             omv_log_info("no shared memory with the daemon (%s): parameters and gradients "
@@ -363,8 +369,9 @@ static void shm_attach(session_t *s, const omv_welcome_t *w)
     if (s->held == NULL)
         s->held = calloc(1, sizeof(*s->held));
     s->local_on = s->held != NULL; /* without it, every envelope keeps the socket */
-    s->shm_params = p;
-    s->shm_grads = g;
+    s->shm_params = maps.params;
+    s->shm_grads = maps.grads;
+    s->shm_model = maps.model;
     s->shm_bytes = bytes;
     omv_log_info("worker %u: parameters and gradients go through shared memory with the daemon",
                  s->worker_id);
@@ -794,8 +801,9 @@ static int send_pull(session_t *s, uint64_t step)
 }
 
 /* Where this step's parameters are read and its gradient written: the shared segments when
- * the daemon sent them that way, our own buffers otherwise. */
-static void use_transport(session_t *s, int shm)
+ * the daemon sent them that way (the parameters in the model segment when shared), our own
+ * buffers otherwise. */
+static void use_transport(session_t *s, int shm, int shared)
 {
     if (!shm && s->shm_step && !s->shm_warned) {
         omv_log_warn("worker %u: the daemon no longer uses our shared memory: parameters and "
@@ -809,7 +817,13 @@ static void use_transport(session_t *s, int shm)
     if (shm != s->shm_step && s->residual)
         memset(s->residual, 0, s->job.param_count * sizeof(float));
     s->shm_step = shm;
-    s->p = shm ? s->shm_params : s->params;
+    s->shared_step = shm && shared;
+    if (s->shared_step && !s->shared_said)
+        omv_log_info("worker %u: reads the parameters in place, in the daemon's own segment "
+                     "(one group: nothing is copied)",
+                     s->worker_id);
+    s->shared_said |= s->shared_step;
+    s->p = s->shared_step ? s->shm_model : shm ? s->shm_params : s->params;
     s->g = shm ? s->shm_grads : s->grad;
 }
 
@@ -839,16 +853,18 @@ static int take_params(session_t *s, const omv_params_t *p)
                       p->batch, j->batch_size);
         return -EPROTO;
     }
-    if (s->have > 0 && (p->wire == OMV_WIRE_SHM) != s->shm_step) {
-        omv_log_error("daemon sent a step's parameters partly through shared memory");
+    if (s->have > 0 && ((p->wire == OMV_WIRE_SHM) != s->shm_step ||
+                        (p->wire == OMV_WIRE_SHM && (int)p->shared != s->shared_step))) {
+        omv_log_error("daemon sent a step's parameters partly through shared memory, or partly "
+                      "in place");
         return -EPROTO;
     }
-    if (s->have == 0)
-        use_transport(s, p->wire == OMV_WIRE_SHM);
-    if (p->wire == OMV_WIRE_SHM && s->shm_params == NULL) {
+    if (p->wire == OMV_WIRE_SHM && (s->shm_params == NULL || (p->shared && !s->shm_model))) {
         omv_log_error("daemon sent parameters through shared memory we do not have");
         return -EPROTO;
     }
+    if (s->have == 0)
+        use_transport(s, p->wire == OMV_WIRE_SHM, (int)p->shared);
     size_t len = 0;
     const void *data = p->wire == OMV_WIRE_SHM ? NULL : omv_link_payload(s->from, &len);
     if (p->wire == OMV_WIRE_BF16)
