@@ -1057,6 +1057,12 @@ void omv_run_backup_cut(omv_run_t *r, const uint64_t *clocks, uint32_t n)
  * kept. */
 static int backup_hold(omv_run_t *r, member_t *m, const omv_push_t *p)
 {
+    /* Only a push that fits a shard of the range may wait: any other is refused now (by
+     * push_fits, as the primary refuses it), not kept to fill the backup's memory. */
+    const omv_shard_t *sh =
+        p->shard >= shard_lo(r) && p->shard < shard_hi(r) ? &r->shards->shards[p->shard] : NULL;
+    if (sh == NULL || p->offset != sh->offset || p->count != sh->count || p->wire == OMV_WIRE_SHM)
+        return 0;
     int g = omv_groups_of(r->groups, m->slot);
     uint32_t id = omv_members_id(r->env.members, m);
     int behind = 0;

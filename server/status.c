@@ -289,6 +289,10 @@ void omv_status_servers(const omv_daemon_t *d, omv_strbuf_t *out, int json)
         omv_kv_str(&kv, "role", !d->run ? "free" : d->run->part.backup ? "backup" : "primary");
         omv_kv_int(&kv, "bytes_in_total", d->run ? (int64_t)d->run->bytes_in_total : 0);
         omv_kv_int(&kv, "bytes_out_total", d->run ? (int64_t)d->run->bytes_out_total : 0);
+        /* A backup's pushes that came before their step, waiting for it (bounded: past the
+         * bound it drops its part, and the coordinator goes on without it). */
+        omv_kv_int(&kv, "held_pushes", d->run ? (int64_t)d->run->n_held : 0);
+        omv_kv_int(&kv, "held_bytes", d->run ? (int64_t)d->run->held_bytes : 0);
     }
     if (!d->shard_role) {
         omv_kv_section(&kv, "servers");

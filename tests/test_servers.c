@@ -16,6 +16,7 @@
 #include "checkpoint.h"
 #include "cluster_util.h"
 #include "control.h"
+#include "peer_util.h"
 #include "strbuf.h"
 #include "testutil.h"
 #include "util.h"
@@ -1134,6 +1135,156 @@ START_TEST(test_servers_backup_lost_with_churn)
 }
 END_TEST
 
+/* Attaches peer b (connected to a shard server) as worker id with token: Attach until the
+ * server has been told of it (a join takes effect at a cut). */
+static void peer_attach(peer_t *b, uint32_t id, uint64_t token)
+{
+    for (int64_t until = omv_time_ms() + 20000;;) {
+        omv_msg_t m = {.type = OMV_MSG_ATTACH};
+        m.u.attach = (omv_attach_t){id, token};
+        peer_send(b, &m, NULL, 0);
+        if (peer_answers(b, 500)) {
+            peer_recv(b, &m, NULL, 0);
+            if (m.type == OMV_MSG_HEARTBEAT)
+                return;
+            ck_assert_msg(m.type == OMV_MSG_ERROR && m.u.error.code == OMV_REFUSE_UNKNOWN_WORKER,
+                          "attach: %s", m.type == OMV_MSG_ERROR ? m.u.error.reason : "?");
+        }
+        ck_assert_msg(omv_time_ms() < until, "the shard server never took worker %u", id);
+        sleep_ms(100);
+    }
+}
+
+START_TEST(test_servers_backup_flooded)
+{
+    /* A registered worker floods a backup with pushes for a step far ahead (a bug, or a peer
+     * that means harm): a backup keeps a push that comes before its step, but only up to its
+     * bound (64 MiB here), then says so and stops following its primary; the coordinator goes
+     * on without it, the job ends done with every image counted once, and the backup's memory
+     * stayed bounded. A push that fits no shard of its range is refused at once, not kept. */
+    model_section = "layers = 64 2048 4"; /* shard 0: 65,536 parameters, 256 KiB a push */
+    coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
+    write_job(2, 40,
+              "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\nprogress_timeout_s = 4\n"
+              "wire = fp32\n[checkpoint]\nevery_s = 0");
+    pid_t d = start_coordinator("servers"), s[4];
+    for (int i = 0; i < 4; i++)
+        s[i] = start_shard(i);
+    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    wait_status("steps_total", 100, 60000);
+    peer_t p, a, b;
+    peer_open(&p);
+    static omv_msg_t wm;
+    peer_hello(&p, "flood", &wm);
+    const omv_welcome_t *wl = &wm.u.welcome;
+    const omv_server_info_t *backup = NULL, *primary = NULL;
+    for (uint32_t k = 0; k < wl->n_backups; k++)
+        if (wl->backups[k].first_shard == 0)
+            backup = &wl->backups[k];
+    for (uint32_t k = 0; k < wl->n_servers; k++)
+        if (wl->servers[k].first_shard == 0)
+            primary = &wl->servers[k];
+    ck_assert_msg(backup && primary, "no primary or backup of shard 0 in the Welcome");
+    int victim = -1;
+    for (int i = 0; i < 4; i++) {
+        char ep[700];
+        snprintf(ep, sizeof(ep), "ipc://%s/shard%d.sock", test_dir, i);
+        if (strcmp(ep, backup->endpoint) == 0)
+            victim = i;
+    }
+    ck_assert_msg(victim >= 0, "the backup's endpoint %s is none of ours", backup->endpoint);
+    char saved[sizeof(endpoint)];
+    omv_strlcpy(saved, endpoint, sizeof(saved));
+    omv_strlcpy(endpoint, primary->endpoint, sizeof(endpoint));
+    peer_open(&a);
+    omv_strlcpy(endpoint, backup->endpoint, sizeof(endpoint));
+    peer_open(&b);
+    omv_strlcpy(endpoint, saved, sizeof(endpoint));
+    uint32_t id = wl->worker_id, count = wl->job.shard_offsets[1];
+    peer_attach(&a, id, wl->attach_token);
+    peer_attach(&b, id, wl->attach_token);
+    float *junk = calloc(wl->job.param_count, sizeof(float));
+    /* As a worker does: its first parameters, once it is a member of the group (at a cut). */
+    omv_msg_t m = {.type = OMV_MSG_PULL};
+    m.u.pull = (omv_pull_t){id, wl->start_step};
+    peer_send(&a, &m, NULL, 0);
+    do
+        peer_recv(&a, &m, junk, wl->job.param_count);
+    while (m.type != OMV_MSG_PARAMS);
+    long rss0 = proc_kib(s[victim], "VmRSS");
+    /* A push that does not fit the shard is refused (a backup answers no refusal: its primary
+     * does), not kept. */
+    m = (omv_msg_t){.type = OMV_MSG_PUSH};
+    m.u.push = (omv_push_t){id, 1000000, 0, 0, count - 1, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+    peer_send(&b, &m, junk, count - 1);
+    char ctl[700];
+    snprintf(ctl, sizeof(ctl), "%s/shard%d.ctl", test_dir, victim);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    for (int64_t until = omv_time_ms() + 5000;; sleep_ms(50)) {
+        ck_assert_int_eq(omv_control_request(ctl, "status", &body, 5000), 0);
+        if (field(omv_strbuf_str(&body), "refused_total") == 1)
+            break;
+        ck_assert_msg(omv_time_ms() < until, "the misshapen push was not refused: %s",
+                      omv_strbuf_str(&body));
+    }
+    /* Pushes for a step far ahead, 16 at a time (each batch taken in before the next goes, so
+     * that what the backup holds is what it kept, not what its socket queued), until it says it
+     * stopped: at its 64 MiB bound, about 256 of them. */
+    m.u.push = (omv_push_t){id, 1000000, 0, 0, count, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+    char log[700], text[1 << 16];
+    snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, victim);
+    const char *said = "bytes of pushes wait for their steps, the most it keeps";
+    int sent = 0, stopped = 0;
+    double held_max = 0;
+    while (!stopped && sent < 1024) {
+        for (int i = 0; i < 16; i++)
+            peer_send(&b, &m, junk, count);
+        sent += 16;
+        for (int64_t until = omv_time_ms() + 10000;; sleep_ms(20)) {
+            ck_assert_int_eq(omv_control_request(ctl, "servers", &body, 5000), 0);
+            double held = field(omv_strbuf_str(&body), "held_bytes");
+            held_max = held > held_max ? held : held_max;
+            read_file(log, text, sizeof(text));
+            stopped = has_text(text, said);
+            if (stopped || field(omv_strbuf_str(&body), "held_pushes") == sent)
+                break;
+            ck_assert_msg(omv_time_ms() < until, "the backup holds not all %d pushes: %s", sent,
+                          omv_strbuf_str(&body));
+        }
+    }
+    free(junk);
+    ck_assert_msg(stopped, "the backup still follows after %d pushes (%.0f bytes held)", sent,
+                  held_max);
+    ck_assert_msg(held_max <= 64.0 * 1024 * 1024 && sent * 256.0 * 1024 > 64.0 * 1024 * 1024,
+                  "%d pushes, %.0f bytes held at most", sent, held_max);
+    long peak = proc_kib(s[victim], "VmHWM");
+    ck_assert_msg(peak < rss0 + 100 * 1024, "the backup's peak memory %ld kB, %ld kB before", peak,
+                  rss0);
+    peer_close(&a);
+    peer_close(&b);
+    peer_close(&p);
+    /* The flooding worker pushes nothing else: declared dead (progress_timeout_s); the job
+     * goes on over the 3 servers left. */
+    wait_done_or_dump(&body, 4);
+    double images = field(omv_strbuf_str(&body), "images_total");
+    omv_strbuf_fini(&body);
+    ck_assert_msg(images >= 40 * 4096 && images < 40 * 4096 + 64, "images %f", images);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(has_text(text, "failover: the ranges' holders were cut at step"), "%s",
+                  strlen(text) > 3000 ? text + strlen(text) - 3000 : text);
+    for (int i = 0; i < 4; i++)
+        if (i != victim)
+            stop_shard(s[i], i, text, sizeof(text));
+    kill(s[victim], SIGTERM);
+    waitpid(s[victim], NULL, 0);
+    coordinator_conf = NULL;
+}
+END_TEST
+
 START_TEST(test_worker_at_shard_server_refused)
 {
     /* A worker pointed at a shard server instead of the coordinator is told where to go. */
@@ -1187,6 +1338,7 @@ static Suite *servers_suite(void)
     ADD_TEST(tc, test_servers_optimizer);
     ADD_TEST(tc, test_servers_failover);
     ADD_TEST(tc, test_servers_backup_lost_with_churn);
+    ADD_TEST(tc, test_servers_backup_flooded);
     suite_add_tcase(s, tc);
     return s;
 }
