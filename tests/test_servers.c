@@ -172,7 +172,7 @@ static double train_on_one(omv_checkpoint_t *ck)
 /* Prints the processes' logs (on stderr, for a failing test's record). */
 static void dump_logs(int n)
 {
-    static char text[1 << 16];
+    static char text[1 << 18], kept[1 << 18];
     char log[700];
     for (int i = -1; i < n; i++) {
         if (i < 0)
@@ -180,8 +180,19 @@ static void dump_logs(int n)
         else
             snprintf(log, sizeof(log), "%s/shard%d.log", test_dir, i);
         read_file(log, text, sizeof(text));
-        size_t len = strlen(text);
-        fprintf(stderr, "==== %s\n%s\n", log, len > 6000 ? text + len - 6000 : text);
+        /* Without the progress lines (two a second): a job stuck for the deadline would fill
+         * the tail with them and hide how it got stuck. */
+        size_t len = 0;
+        for (char *line = text, *next; *line; line = next) {
+            next = strchr(line, '\n');
+            next = next ? next + 1 : line + strlen(line);
+            if (strstr(line, "daemon: epoch ") == NULL || strstr(line, "daemon: epoch ") > next) {
+                memcpy(kept + len, line, (size_t)(next - line));
+                len += (size_t)(next - line);
+            }
+        }
+        kept[len] = '\0';
+        fprintf(stderr, "==== %s\n%s\n", log, len > 12000 ? kept + len - 12000 : kept);
     }
 }
 
