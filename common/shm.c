@@ -45,39 +45,21 @@ int omv_shm_listen(char *name)
     return fd;
 }
 
-int omv_shm_create(size_t bytes, const char *what, void **ret_map)
-{
-    int fd = memfd_create(what, MFD_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    void *map = MAP_FAILED;
-    if (ftruncate(fd, (off_t)bytes) == 0)
-        map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) {
-        int e = -errno;
-        close(fd);
-        return e;
-    }
-    *ret_map = map;
-    return fd;
-}
-
 #ifndef F_SEAL_FUTURE_WRITE
 #define F_SEAL_FUTURE_WRITE 0x0010 /* Linux 5.1 */
 #endif
 
-int omv_shm_create_model(size_t bytes, void **ret_map)
+/* A memfd of bytes, mapped writable into *ret_map; seals (F_SEAL_*, 0: none) are added once
+ * it is mapped. Returns its fd or a negative errno. */
+static int create(size_t bytes, const char *what, int seals, void **ret_map)
 {
-    int fd = memfd_create("omnivore-model", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = memfd_create(what, MFD_CLOEXEC | (seals ? MFD_ALLOW_SEALING : 0));
     if (fd < 0)
         return -errno;
     void *map = MAP_FAILED;
     if (ftruncate(fd, (off_t)bytes) == 0)
         map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    /* Our mapping stays writable; any made after this cannot be, nor the size change. */
-    if (map != MAP_FAILED &&
-        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) !=
-            0) {
+    if (map != MAP_FAILED && seals && fcntl(fd, F_ADD_SEALS, seals) != 0) {
         int e = errno;
         munmap(map, bytes);
         map = MAP_FAILED;
@@ -90,6 +72,18 @@ int omv_shm_create_model(size_t bytes, void **ret_map)
     }
     *ret_map = map;
     return fd;
+}
+
+int omv_shm_create(size_t bytes, const char *what, void **ret_map)
+{
+    return create(bytes, what, 0, ret_map);
+}
+
+int omv_shm_create_model(size_t bytes, void **ret_map)
+{
+    /* Our mapping stays writable; any made after the seals cannot be, nor the size change. */
+    return create(bytes, "omnivore-model",
+                  F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL, ret_map);
 }
 
 int omv_shm_send(int conn, const int fds[OMV_SHM_FDS], size_t bytes)

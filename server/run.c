@@ -822,7 +822,7 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
                            .shm_dst = m->shm_on ? m->shm_params : NULL,
                            .shm_send = (uint32_t)m->shm_on,
                            .shm_conn = m->shm_on ? m->shm_conn : -1,
-                           .shm_inplace = (uint32_t)(m->shm_on && m->inplace)};
+                           .shm_inplace = (uint32_t)m->inplace};
     if (cmd.shm_inplace) {
         r->inplace_serves_total++;
         m->inplace_sent[s / 64] |= bit;

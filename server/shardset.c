@@ -35,6 +35,12 @@ static int start_executors(omv_shardset_t *self)
     return 0;
 }
 
+/* The model segment's size: the parameters (a byte at least, as a mapping needs). */
+static size_t model_bytes(const omv_shardset_t *self)
+{
+    return (self->param_count ? self->param_count : 1) * sizeof(float);
+}
+
 omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
                                  const omv_model_layout_t *layout, uint32_t n_shards,
                                  uint32_t max_groups, uint64_t seed, int adam)
@@ -52,7 +58,7 @@ omv_shardset_t *omv_shardset_new(omv_router_t *router, omv_refusals_t *refusals,
     /* The parameters live in the model segment that local workers read them from; where
      * no memfd can be made, in our own memory (local workers then get copies). */
     void *map = NULL;
-    self->model_fd = omv_shm_create_model((n ? n : 1) * sizeof(float), &map);
+    self->model_fd = omv_shm_create_model(model_bytes(self), &map);
     self->params = self->model_fd >= 0 ? map : malloc(n * sizeof(float));
     if (self->model_fd < 0)
         omv_log_warn("no model segment (%s): workers on this host get copies of the parameters",
@@ -129,7 +135,7 @@ void omv_shardset_destroy(omv_shardset_t **self_p)
     free(self->threads);
     free(self->shards);
     if (self->model_fd >= 0) {
-        omv_shm_unmap(self->params, (self->param_count ? self->param_count : 1) * sizeof(float));
+        omv_shm_unmap(self->params, model_bytes(self));
         close(self->model_fd);
     } else {
         free(self->params);

@@ -71,13 +71,20 @@ static void usage(FILE *out)
             "  -V, --version           the version and protocol version\n");
 }
 
+/* Whether arg is a whole number in [lo, hi], into *ret. */
+static int long_in(const char *arg, long lo, long hi, long *ret)
+{
+    char *end;
+    *ret = strtol(arg, &end, 10);
+    return end != arg && *end == '\0' && *ret >= lo && *ret <= hi;
+}
+
 /* --spin-us (or OMNIVORE_SPIN_US): microseconds, 0 to 100000. Returns -1 to go on, or the exit
  * status 2. */
 static int parse_spin(const char *arg, omv_session_config_t *cfg)
 {
-    char *end;
-    long v = strtol(arg, &end, 10);
-    if (end == arg || *end != '\0' || v < 0 || v > 100000) {
+    long v;
+    if (!long_in(arg, 0, 100000, &v)) {
         omv_log_fatal("--spin-us: '%s' is not a number of microseconds from 0 to 100000", arg);
         return 2;
     }
@@ -215,9 +222,8 @@ static int set_nice(const omv_session_config_t *cfg)
 {
     int n = 19;
     if (nice_arg != NULL && nice_arg[0]) {
-        char *end;
-        long v = strtol(nice_arg, &end, 10);
-        if (end == nice_arg || *end != '\0' || v < -20 || v > 19) {
+        long v;
+        if (!long_in(nice_arg, -20, 19, &v)) {
             omv_log_fatal("--nice: '%s' is not a nice value from -20 to 19", nice_arg);
             return 2;
         }
