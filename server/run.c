@@ -428,6 +428,9 @@ static void send_cut_op(omv_run_t *r, omv_server_op_t op)
     omv_server_msg_t *u = &msg.u.server;
     u->op = op;
     u->gather_id = r->cut_id;
+    /* Only training's end resumes this way (cut_resume sends a cut's counters): each server
+     * keeps its own and ends its part when its own last step is in. */
+    u->final = op == OMV_SERVER_RESUME;
     if (op == OMV_SERVER_CUT) {
         u->n_groups = omv_groups_count(r->groups);
         for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
@@ -2710,8 +2713,10 @@ void omv_run_part_resume(omv_run_t *r, const omv_server_msg_t *u, const void *pa
     if (u->reconfig)
         part_reconfig(r, u, payload, bytes / sizeof(int32_t));
     r->part_probing = (u->reconfig & OMV_SERVER_RECONFIG_PROBING) != 0;
-    r->images_total = u->images;
-    r->steps_total = u->steps;
+    if (!u->final) { /* the cut's counters; training's end abandons its cut, and has none */
+        r->images_total = u->images;
+        r->steps_total = u->steps;
+    }
     r->frozen = 0;
     if (r->state == JOB_RUNNING)
         serve_parked(r);

@@ -914,6 +914,42 @@ static void check_shard_counts(int i, double images, int exact)
                   images);
 }
 
+START_TEST(test_servers_end_during_cut)
+{
+    /* A checkpoint at every step: the job's end lands while a cut is under way. The coordinator
+     * then lets the servers go on from it without the cut's counters, and each ends its part
+     * once its own last step is in. It told them to resume from the cut's counters of none (0
+     * images, 0 steps): a server not yet at its last step trained on and never counted its
+     * images to the end, and the job hung finishing, waiting for its final range. */
+    model_section = "layers = 64 32 4";
+    write_job(2, 4,
+              "groups = 1\nstaleness = none\nservers = 2\n[checkpoint]\nevery_steps = 1\n"
+              "keep = 2");
+    for (int round = 0; round < 3; round++) {
+        char dir[700];
+        snprintf(dir, sizeof(dir), "%s/servers", test_dir);
+        omv_test_rmdir(dir); /* each round a job of its own, from scratch */
+        pid_t d = start_coordinator("servers");
+        pid_t s[2] = {start_shard(0), start_shard(1)};
+        pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+        omv_strbuf_t body;
+        omv_strbuf_init(&body);
+        wait_done_or_dump(&body, 2);
+        double images = field(omv_strbuf_str(&body), "images_total");
+        omv_strbuf_fini(&body);
+        ck_assert_msg(images >= 4 * 4096 && images <= 4 * 4096 + 32, "images %f", images);
+        stop_workers(w, 3);
+        shutdown_daemon(d);
+        char text[65536];
+        for (int i = 0; i < 2; i++) {
+            stop_shard(s[i], i, text, sizeof(text));
+            ck_assert_msg(shard_log_count(i, "training finished after") == round + 1,
+                          "round %d, shard %d: %s", round, i, text);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_servers_regroup)
 {
     /* `omnivorectl regroup 2` on a job over 2 shard servers: the change is made at a cut, on
@@ -1344,6 +1380,7 @@ static Suite *servers_suite(void)
     ADD_TEST(tc, test_coordinator_restart_resumes);
     ADD_TEST(tc, test_server_lost_fails_job);
     ADD_TEST(tc, test_server_lost_goes_back);
+    ADD_TEST(tc, test_servers_end_during_cut);
     ADD_TEST(tc, test_worker_at_shard_server_refused);
     ADD_TEST(tc, test_servers_regroup);
     ADD_TEST(tc, test_servers_optimizer);
