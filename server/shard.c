@@ -19,10 +19,12 @@ int omv_shard_init(omv_shard_t *self, float *params, uint32_t offset, uint32_t c
     self->n_groups = n_groups;
     self->velocity = calloc(count ? count : 1, sizeof(float));
     self->pending = calloc(n_groups ? n_groups : 1, sizeof(float *));
-    if (self->velocity == NULL || self->pending == NULL) {
+    self->empty = malloc(n_groups ? n_groups : 1);
+    if (self->velocity == NULL || self->pending == NULL || self->empty == NULL) {
         omv_shard_fini(self);
         return -ENOMEM;
     }
+    memset(self->empty, 1, n_groups ? n_groups : 1);
     return 0;
 }
 
@@ -33,6 +35,7 @@ void omv_shard_fini(omv_shard_t *self)
     free(self->velocity);
     free(self->second);
     free(self->pending);
+    free(self->empty);
     memset(self, 0, sizeof(*self));
 }
 
@@ -68,8 +71,16 @@ HOT static void add_into(float *restrict sum, const float *restrict grad, size_t
         sum[i] += grad[i];
 }
 
-/* One pass: the update, and the sum cleared for the group's next step. */
-HOT static void sgd_step(float *restrict w, float *restrict v, float *restrict sum, size_t n,
+/* The step's first gradient over a stale sum: what adding it onto zeros gives (0.0f + -0.0f is
+ * 0.0f). */
+HOT static void set_into(float *restrict sum, const float *restrict grad, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        sum[i] = 0.0f + grad[i];
+}
+
+/* One pass: the update (the sum is left stale: the group's next gradient overwrites it). */
+HOT static void sgd_step(float *restrict w, float *restrict v, const float *restrict sum, size_t n,
                          float inv, float lr, float mu, float wd)
 {
     for (size_t i = 0; i < n; i++) {
@@ -77,7 +88,6 @@ HOT static void sgd_step(float *restrict w, float *restrict v, float *restrict s
         float vi = mu * v[i] + g;
         v[i] = vi;
         w[i] -= lr * vi;
-        sum[i] = 0.0f;
     }
 }
 
@@ -133,12 +143,10 @@ static inline void adam_one(float *restrict w, float *restrict m, float *restric
 }
 
 HOT static void adam_step(float *restrict w, float *restrict m, float *restrict s,
-                          float *restrict sum, size_t n, float inv, adam_t k)
+                          const float *restrict sum, size_t n, float inv, adam_t k)
 {
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         adam_one(&w[i], &m[i], &s[i], sum[i] * inv, &k);
-        sum[i] = 0.0f;
-    }
 }
 
 HOT static void adam_step_one(float *restrict w, float *restrict m, float *restrict s,
@@ -162,6 +170,12 @@ HOT static void add_into_bf16(float *restrict sum, const unsigned char *restrict
 {
     for (size_t i = 0; i < n; i++)
         sum[i] += widen(grad, i);
+}
+
+HOT static void set_into_bf16(float *restrict sum, const unsigned char *restrict grad, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        sum[i] = 0.0f + widen(grad, i);
 }
 
 HOT static void sgd_step_one_bf16(float *restrict w, float *restrict v,
@@ -193,12 +207,10 @@ static int is_adam(const omv_shard_t *self, const omv_sgd_t *u)
 
 /* The state at the shard's end (from `trained` on: batch norm's running statistics) is not
  * trained: it takes the value the group's members sent, their mean. */
-HOT static void state_mean(float *restrict w, float *restrict sum, size_t n, float inv)
+HOT static void state_mean(float *restrict w, const float *restrict sum, size_t n, float inv)
 {
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++)
         w[i] = sum[i] * inv;
-        sum[i] = 0.0f;
-    }
 }
 
 static void state_one_bf16(float *restrict w, const unsigned char *restrict v, size_t n)
@@ -222,12 +234,14 @@ void omv_shard_apply_one_bf16(omv_shard_t *self, const void *grad16, const omv_s
 
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16)
 {
-    if (self->pending[group] == NULL) {
-        self->pending[group] = calloc(self->count ? self->count : 1, sizeof(float));
-        if (self->pending[group] == NULL)
-            return -ENOMEM;
-    }
-    add_into_bf16(self->pending[group], grad16, self->count);
+    float *sum = omv_shard_sum(self, group);
+    if (sum == NULL)
+        return -ENOMEM;
+    if (self->empty[group])
+        set_into_bf16(sum, grad16, self->count);
+    else
+        add_into_bf16(sum, grad16, self->count);
+    self->empty[group] = 0;
     return 0;
 }
 
@@ -245,36 +259,50 @@ void omv_shard_apply_one(omv_shard_t *self, const float *grad, const omv_sgd_t *
 
 float *omv_shard_sum(omv_shard_t *self, uint32_t group)
 {
-    if (self->pending[group] == NULL)
-        self->pending[group] = calloc(self->count ? self->count : 1, sizeof(float));
+    if (self->pending[group] == NULL) {
+        self->pending[group] = malloc((self->count ? self->count : 1) * sizeof(float));
+        self->empty[group] = 1;
+    }
     return self->pending[group];
+}
+
+int omv_shard_sum_empty(const omv_shard_t *self, uint32_t group)
+{
+    return self->empty[group];
+}
+
+void omv_shard_sum_filled(omv_shard_t *self, uint32_t group)
+{
+    self->empty[group] = 0;
 }
 
 void omv_shard_swap_sum(omv_shard_t *self, uint32_t group, float *buf)
 {
     self->pending[group] = buf;
+    self->empty[group] = 0;
 }
 
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad)
 {
-    if (self->pending[group] == NULL) {
-        self->pending[group] = calloc(self->count ? self->count : 1, sizeof(float));
-        if (self->pending[group] == NULL)
-            return -ENOMEM;
-    }
-    add_into(self->pending[group], grad, self->count);
+    float *sum = omv_shard_sum(self, group);
+    if (sum == NULL)
+        return -ENOMEM;
+    if (self->empty[group])
+        set_into(sum, grad, self->count);
+    else
+        add_into(sum, grad, self->count);
+    self->empty[group] = 0;
     return 0;
 }
 
 void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors, const omv_sgd_t *sgd)
 {
     float *sum = self->pending[group];
-    if (sum == NULL)
-        return; /* nothing was summed */
-    if (contributors == 0) {
-        memset(sum, 0, self->count * sizeof(float));
+    if (sum == NULL || self->empty[group] || contributors == 0) {
+        self->empty[group] = 1; /* nothing was summed, or nothing is to be applied */
         return;
     }
+    self->empty[group] = 1; /* what the update leaves in it is stale */
     size_t n = self->trained;
     float inv = 1.0f / (float)contributors;
     state_mean(self->params + n, sum + n, self->count - n, inv);
@@ -288,6 +316,5 @@ void omv_shard_apply(omv_shard_t *self, uint32_t group, uint32_t contributors, c
 
 void omv_shard_discard(omv_shard_t *self, uint32_t group)
 {
-    if (self->pending[group])
-        memset(self->pending[group], 0, self->count * sizeof(float));
+    self->empty[group] = 1;
 }

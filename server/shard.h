@@ -20,6 +20,9 @@ typedef struct {
     uint64_t steps;  /* Adam's updates applied, for the bias correction */
     float **pending; /* [n_groups] -> [count] sums of the gradients of the group's current step,
                       * NULL until the group first sums one */
+    uint8_t *empty;  /* [n_groups] 1: the group's sum holds no gradient of the step yet (what is
+                      * in it is stale: the next gradient overwrites it, so that neither the
+                      * update nor a discard spends a pass clearing it) */
 } omv_shard_t;
 
 /* Which update rule a shard applies. */
@@ -54,17 +57,22 @@ int omv_shard_use_adam(omv_shard_t *self);
 /* Adds grad[count] to the group's pending sum. Returns 0, or -ENOMEM when the group's sum
  * could not be made (the gradient is then not added). */
 int omv_shard_accumulate(omv_shard_t *self, uint32_t group, const float *grad);
-/* The group's pending sum (made, zero, the first time), for a gradient taken straight into it
- * while the sum is still zero; NULL when it cannot be made. */
+/* The group's pending sum (made the first time), for a gradient taken straight into it; NULL
+ * when it cannot be made. While omv_shard_sum_empty says so, its values are stale: the caller
+ * writes the step's first gradient over them (as 0.0f + g, what adding onto zeros gives), then
+ * says so with omv_shard_sum_filled. */
 float *omv_shard_sum(omv_shard_t *self, uint32_t group);
+int omv_shard_sum_empty(const omv_shard_t *self, uint32_t group);
+void omv_shard_sum_filled(omv_shard_t *self, uint32_t group);
 /* The same for a gradient of bf16 values (any alignment), widened as it is added: exactly what
  * adding its fp32 widening would do, in one pass. */
 int omv_shard_accumulate_bf16(omv_shard_t *self, uint32_t group, const void *grad16);
-/* Makes buf (count floats, malloc'ed) group's sum; the caller takes the one it replaces. */
+/* Makes buf (count floats, malloc'ed, holding a gradient) group's sum; the caller takes the one
+ * it replaces. */
 void omv_shard_swap_sum(omv_shard_t *self, uint32_t group, float *buf);
 
 /* Applies the group's pending sum as one update with the mean over `contributors` gradients
- * (none: the model is left as it is), then clears the sum. With g = sum / contributors:
+ * (none: the model is left as it is); the sum is then empty. With g = sum / contributors:
  *   SGD:   g += weight_decay * w;  v = momentum * v + g;  w -= learning_rate * v
  *   Adam:  g += weight_decay * w (ADAMW instead: w *= 1 - learning_rate * weight_decay);
  *          t = ++steps;  m = b1 * m + (1 - b1) * g;  s = b2 * s + (1 - b2) * g * g;

@@ -270,7 +270,7 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
         return;
     }
     /* One pass takes the copy, makes the checks and sums. The group's first gradient of the
-     * step goes straight into its sum, which is zero until then; a later one goes into scratch
+     * step goes straight into its sum, over what is stale in it; a later one goes into scratch
      * as the sum so far plus it, which becomes the sum when it passes (the two buffers swap),
      * so that a refused one leaves the sum as it was. */
     float *sum = cmd->solo ? NULL : omv_shard_sum(sh, cmd->group), squares;
@@ -279,7 +279,7 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
                       cmd->group);
         return;
     }
-    int first = sum && self->counted[cmd->group] == 0;
+    int first = sum && omv_shard_sum_empty(sh, cmd->group);
     int finite = sum && !first ? omv_take_checked_onto(self->scratch, sum, src, sh->count,
                                                        sh->trained, &squares)
                                : omv_take_checked(first ? sum : self->scratch, src, sh->count,
@@ -287,8 +287,6 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
     int fits = finite &&
                (cmd->norm_bound <= 0.0f || sh->trained == 0 || norm_ok(self, cmd, sqrtf(squares)));
     if (!fits) {
-        if (first)
-            memset(sum, 0, sh->count * sizeof(float));
         reply(self, finite ? OMV_SHARD_REPLY_NORM : OMV_SHARD_REPLY_NOT_FINITE, cmd, peer, peer_len,
               NULL, 0, NULL);
         return;
@@ -297,7 +295,9 @@ static void on_push_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, co
         add_gradient(self, cmd, self->scratch, NULL); /* a group of one: applied at once */
         return;
     }
-    if (!first) {
+    if (first) {
+        omv_shard_sum_filled(sh, cmd->group);
+    } else {
         omv_shard_swap_sum(sh, cmd->group, self->scratch);
         self->scratch = sum;
     }
