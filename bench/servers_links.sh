@@ -35,27 +35,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 addr() { case $1 in head) echo 1 ;; s*) echo $((10 + ${1#s})) ;; w*) echo $((20 + ${1#w})) ;; esac; }
-ip netns add "$p-sw"
-ip -n "$p-sw" link add br0 type bridge
-ip -n "$p-sw" link set br0 up
-for h in $hosts; do
-    ip netns add "$p-$h"
-    ip link add "$p$h" netns "$p-sw" type veth peer name eth0 netns "$p-$h"
-    ip -n "$p-sw" link set "$p$h" master br0 up
-    ip -n "$p-$h" addr add "10.79.0.$(addr "$h")/24" dev eth0
-    ip -n "$p-$h" link set eth0 up
-    ip -n "$p-$h" link set lo up
-done
+. "$(dirname "$0")/../tests/cluster_lib.sh"
+netns_bridge "$p-sw" "" || { echo "cannot make the namespaces: $(cat "$tmp/err")"; exit 1; }
+for h in $hosts; do netns_host "$p-$h" "$p-sw" "$p$h" "10.79.0.$(addr "$h")/24"; done
 shape() { # every host's link, both ends
-    case $RATE in 1gbit) burst=128kb ;; 200mbit) burst=32kb ;; *) burst=64kb ;; esac
     for h in $hosts; do
-        for end in "$p-$h eth0" "$p-sw $p$h"; do
-            # shellcheck disable=SC2086
-            set -- $end
-            tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-            [ "$RATE" = unshaped ] ||
-                tc -n "$1" qdisc add dev "$2" root tbf rate "$RATE" burst $burst latency 50ms
-        done
+        netns_shape "$p-$h" eth0 "$RATE"
+        netns_shape "$p-sw" "$p$h" "$RATE"
     done
 }
 on() { h=$1 log=$2; shift 2; ip netns exec "$p-$h" "$@" >"$log" 2>&1 & pids="$pids $!"; }

@@ -31,37 +31,14 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-for ns in $ns_head $ns_w1 $ns_w2; do ip netns add "$ns"; done
-ip -n "$ns_head" link add br0 type bridge
-ip -n "$ns_head" addr add 10.78.0.1/24 dev br0
-ip -n "$ns_head" link set br0 up
-ip -n "$ns_head" link set lo up
-i=1
-for ns in $ns_w1 $ns_w2; do
-    ip link add "omvb$$h$i" netns "$ns_head" type veth peer name eth0 netns "$ns"
-    ip -n "$ns_head" link set "omvb$$h$i" master br0 up
-    ip -n "$ns" addr add "10.78.0.$((i + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    i=$((i + 1))
-done
+. "$(dirname "$0")/../tests/cluster_lib.sh"
+netns_bridge "$ns_head" 10.78.0.1/24 || { echo "cannot make the namespaces: $(cat "$tmp/err")"; exit 1; }
+netns_host "$ns_w1" "$ns_head" "omvb$$h1" 10.78.0.2/24
+netns_host "$ns_w2" "$ns_head" "omvb$$h2" 10.78.0.3/24
 shape() { # shape RATE: tbf on both ends of each worker host's link
     for i in 1 2; do
-        ns=$(eval echo "\$ns_w$i")
-        for end in "-n $ns eth0" "-n $ns_head omvb$$h$i"; do
-            # shellcheck disable=SC2086
-            set -- $end
-            tc "$1" "$2" qdisc del dev "$3" root 2>/dev/null || true
-            # A bucket of about 1 ms at the rate: a larger one lets a bursty sender (pull, then
-            # compute, then push) pass much of each burst at line rate and flatters it.
-            case $RATE in
-            1gbit) burst=128kb ;;
-            200mbit) burst=32kb ;;
-            *) burst=64kb ;;
-            esac
-            [ "$RATE" = unshaped ] ||
-                tc "$1" "$2" qdisc add dev "$3" root tbf rate "$RATE" burst $burst latency 50ms
-        done
+        netns_shape "$(eval echo "\$ns_w$i")" eth0 "$RATE"
+        netns_shape "$ns_head" "omvb$$h$i" "$RATE"
     done
 }
 on() { ns=$1 log=$2; shift 2; ip netns exec "$ns" "$@" >"$log" 2>&1 & pids="$pids $!"; }

@@ -10,6 +10,7 @@
 # Usage: netns_failover_test.sh OMNIVORED OMNIVORE_WORKER OMNIVORECTL MAKE_BLOBS
 set -eu
 daemon=$1 worker=$2 ctl=$3 make_blobs=$4
+. "$(dirname "$0")/cluster_lib.sh"
 EPOCHS=60 IMAGES=4096
 
 skip() { echo "skipped: $*"; exit 77; }
@@ -36,38 +37,17 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-ip netns add "$p-br" 2>"$tmp/err" || skip "ip netns add failed: $(cat "$tmp/err")"
-ip -n "$p-br" link add br0 type bridge 2>"$tmp/err" || skip "no bridge support: $(cat "$tmp/err")"
-ip -n "$p-br" link set br0 up
+netns_bridge "$p-br" "" || skip "no network namespaces or bridges: $(cat "$tmp/err")"
 i=1
 for h in $hosts; do
-    ip netns add "$p-$h"
-    ip link add "$p$i" netns "$p-br" type veth peer name eth0 netns "$p-$h"
-    ip -n "$p-br" link set "$p$i" master br0 up
-    ip -n "$p-$h" addr add "10.78.0.$i/24" dev eth0
-    ip -n "$p-$h" link set eth0 up
-    ip -n "$p-$h" link set lo up
+    netns_host "$p-$h" "$p-br" "$p$i" "10.78.0.$i/24"
     i=$((i + 1))
 done
 addr() { n=1; for h in $hosts; do [ "$h" = "$1" ] && { echo "10.78.0.$n"; return; }; n=$((n + 1)); done; }
 
 "$make_blobs" "$tmp"
-cat >"$tmp/job.ini" <<JOB
-[job]
-name = failover
-epochs = $EPOCHS
-seed = 7
-[model]
-layers = 64 32 4
-[data]
-train_images = train-images.gz
-train_labels = train-labels.gz
-test_images = test-images
-test_labels = test-labels
-[train]
-batch_size = 32
-learning_rate = 0.05
-momentum = 0.9
+blobs_job "$tmp/job.ini" failover "$EPOCHS"
+cat >>"$tmp/job.ini" <<JOB
 [cluster]
 workers = 2
 groups = 1

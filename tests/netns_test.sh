@@ -7,6 +7,7 @@
 # Usage: netns_test.sh OMNIVORED OMNIVORE_WORKER OMNIVORECTL MAKE_BLOBS   (77 = skipped)
 set -eu
 daemon=$1 worker=$2 ctl=$3 make_blobs=$4
+. "$(dirname "$0")/cluster_lib.sh"
 LOSS_MAX=0.15   # the training loss the job must reach
 ACC_MIN=0.95    # and the test accuracy
 
@@ -33,24 +34,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-ip netns add "$ns_head" 2>"$tmp/err" || skip "ip netns add failed: $(cat "$tmp/err")"
-ip netns add "$ns_w1"
-ip netns add "$ns_w2"
 # The head's bridge 10.77.0.1/24; each worker host's veth end 10.77.0.(i+1) on it.
-ip -n "$ns_head" link add br0 type bridge 2>"$tmp/err" ||
-    skip "no bridge support: $(cat "$tmp/err")"
-ip -n "$ns_head" addr add 10.77.0.1/24 dev br0
-ip -n "$ns_head" link set br0 up
-ip -n "$ns_head" link set lo up
-i=1
-for ns in $ns_w1 $ns_w2; do
-    ip link add "omv$$h$i" netns "$ns_head" type veth peer name eth0 netns "$ns"
-    ip -n "$ns_head" link set "omv$$h$i" master br0 up
-    ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    i=$((i + 1))
-done
+netns_bridge "$ns_head" 10.77.0.1/24 || skip "no network namespaces or bridges: $(cat "$tmp/err")"
+netns_host "$ns_w1" "$ns_head" "omv$$h1" 10.77.0.2/24
+netns_host "$ns_w2" "$ns_head" "omv$$h2" 10.77.0.3/24
 if command -v ping >/dev/null 2>&1; then
     for ns in $ns_w1 $ns_w2; do
         ip netns exec "$ns" ping -c 1 -W 5 10.77.0.1 >/dev/null || fail "$ns cannot reach the head"
@@ -58,22 +45,8 @@ if command -v ping >/dev/null 2>&1; then
 fi
 
 "$make_blobs" "$tmp"
-cat >"$tmp/job.ini" <<JOB
-[job]
-name = netns
-epochs = 30
-seed = 7
-[model]
-layers = 64 32 4
-[data]
-train_images = train-images.gz
-train_labels = train-labels.gz
-test_images = test-images
-test_labels = test-labels
-[train]
-batch_size = 32
-learning_rate = 0.05
-momentum = 0.9
+blobs_job "$tmp/job.ini" netns 30
+cat >>"$tmp/job.ini" <<JOB
 [cluster]
 workers = 2
 groups = 2
@@ -93,17 +66,8 @@ on() { # on NS HOSTNAME LOG COMMAND...
     ip netns exec "$ns" unshare --uts sh -c 'hostname "$0"; exec "$@"' "$host" "$@" >"$log" 2>&1 &
     pids="$pids $!"
 }
-# CURVE, as on a real network: keys for the daemon, a trainer and an evaluator, the folder of
-# public certificates doubling as the daemon's allow-list.
-keys=$tmp/keys
-mkdir "$keys"
-"$ctl" keygen daemon "$keys" >/dev/null
-"$ctl" keygen trainer "$keys" >/dev/null
-"$ctl" keygen --roles evaluator evaluator "$keys" >/dev/null
-printf '[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n' \
-    "$keys" "$keys" >"$tmp/omnivored.conf"
-tkey="--key $keys/trainer.key_secret --server-key $keys/daemon.key"
-ekey="--key $keys/evaluator.key_secret --server-key $keys/daemon.key"
+# CURVE, as on a real network.
+curve_keys "$ctl" "$tmp/keys" "$tmp/omnivored.conf"
 on "$ns_head" head "$tmp/daemon.log" "$daemon" --once --job "$tmp/job.ini" \
     --endpoint tcp://10.77.0.1:5555 --control "$sock" --state-dir "$tmp" --log-level info \
     --config "$tmp/omnivored.conf"

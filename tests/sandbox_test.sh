@@ -9,6 +9,7 @@
 #            OMNIVORED_UNIT WORKER_UNIT                                        (77 = skipped)
 set -eu
 daemon=$1 worker=$2 ctl=$3 make_blobs=$4 sandbox=$5 daemon_unit=$6 worker_unit=$7
+. "$(dirname "$0")/cluster_lib.sh"
 families() { sed -n 's/^RestrictAddressFamilies=//p' "$1"; }
 fam_daemon=$(families "$daemon_unit") fam_worker=$(families "$worker_unit")
 if [ -z "$fam_daemon" ] || [ -z "$fam_worker" ]; then
@@ -45,19 +46,8 @@ run() {
 }
 
 "$make_blobs" "$tmp"
-cat >"$tmp/job.ini" <<JOB
-[job]
-name = sandbox
-epochs = 2
-[model]
-layers = 64 32 4
-[data]
-train_images = train-images.gz
-train_labels = train-labels.gz
-test_images = test-images
-test_labels = test-labels
-[train]
-batch_size = 32
+blobs_job "$tmp/job.ini" sandbox 2
+cat >>"$tmp/job.ini" <<JOB
 [cluster]
 workers = 1
 [checkpoint]
@@ -67,17 +57,8 @@ sock=$tmp/control.sock
 # A port of our own: the pid keeps concurrent runs apart.
 port=$((20000 + $$ % 20000))
 ep=tcp://127.0.0.1:$port
-# CURVE, as on a real network: keys for the daemon, a trainer and an evaluator, the folder of
-# public certificates doubling as the daemon's allow-list.
-keys=$tmp/keys
-mkdir "$keys"
-"$ctl" keygen daemon "$keys" >/dev/null
-"$ctl" keygen trainer "$keys" >/dev/null
-"$ctl" keygen --roles evaluator evaluator "$keys" >/dev/null
-printf '[security]\ncurve = yes\nsecret_key = %s/daemon.key_secret\nallow_dir = %s\n' \
-    "$keys" "$keys" >"$tmp/omnivored.conf"
-tkey="--key $keys/trainer.key_secret --server-key $keys/daemon.key"
-ekey="--key $keys/evaluator.key_secret --server-key $keys/daemon.key"
+# CURVE, as on a real network.
+curve_keys "$ctl" "$tmp/keys" "$tmp/omnivored.conf"
 run daemon "$fam_daemon" "$mdwe_daemon" "$daemon" --once --job "$tmp/job.ini" --endpoint "$ep" \
     --control "$sock" --state-dir "$tmp" --log-level warn --config "$tmp/omnivored.conf"
 d=$!
