@@ -252,6 +252,12 @@ int omv_shm_recv_msg(int conn, omv_msg_t *ret, char *why)
     uint8_t buf[OMV_SHM_ENVELOPE_MAX];
     /* MSG_TRUNC: the record's whole length, even when it does not fit (the rest is dropped). */
     ssize_t n = recv(conn, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
+    /* A peer that closes with records of ours unread resets the connection, and the kernel
+     * tells the reset first (once), before the records the peer sent ahead of its close: a
+     * worker's Leave, then its exit, would look like a death. Read on: what was sent comes,
+     * then the end. */
+    if (n < 0 && errno == ECONNRESET)
+        n = recv(conn, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
     if (n < 0)
         return errno == EWOULDBLOCK ? -EAGAIN : -errno;
     if (n == 0)

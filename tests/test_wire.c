@@ -5,9 +5,12 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "rng.h"
 #include "bf16.h"
+#include "shm.h"
 #include "wire.h"
 #include "testutil.h"
 #include "util.h"
@@ -249,6 +252,36 @@ START_TEST(test_payload_count)
     ck_assert_uint_eq(omv_wire_payload_bytes(&push), 32 + 4);
     push.u.push.count = 8 * OMV_Q8_BLOCK + 1;
     ck_assert_uint_eq(omv_wire_payload_bytes(&push), 8 * OMV_Q8_BLOCK + 1 + 9 * 4);
+}
+END_TEST
+
+/* A worker that exits with the daemon's parameters unread resets its connection; its Leave,
+ * sent just before, still comes first, and then the end (the kernel tells the reset before the
+ * records queued ahead of it). */
+START_TEST(test_shm_leave_before_reset)
+{
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+    static omv_shm_batch_t b;
+    omv_msg_t leave = {.type = OMV_MSG_LEAVE};
+    leave.u.leave.worker_id = 7;
+    omv_strlcpy(leave.u.leave.reason, "stopped by signal", sizeof(leave.u.leave.reason));
+    ck_assert_int_eq(omv_shm_batch_add(&b, &leave), 0);
+    ck_assert_int_eq(omv_shm_batch_flush(sv[0], &b), 1);
+    /* The daemon's answer, which the worker never reads. */
+    omv_msg_t params = {.type = OMV_MSG_PARAMS};
+    params.u.params.wire = OMV_WIRE_SHM;
+    ck_assert_int_eq(omv_shm_batch_add(&b, &params), 0);
+    ck_assert_int_eq(omv_shm_batch_flush(sv[1], &b), 1);
+    close(sv[0]);
+    omv_msg_t got;
+    char why[OMV_WIRE_REASON_MAX] = "";
+    ck_assert_int_eq(omv_shm_recv_msg(sv[1], &got, why), 0);
+    ck_assert_int_eq(got.type, OMV_MSG_LEAVE);
+    ck_assert_uint_eq(got.u.leave.worker_id, 7);
+    ck_assert_str_eq(got.u.leave.reason, "stopped by signal");
+    ck_assert_int_eq(omv_shm_recv_msg(sv[1], &got, why), -ECONNRESET);
+    close(sv[1]);
 }
 END_TEST
 
@@ -941,6 +974,7 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_payload_count);
     tcase_add_test(tc, test_unknown_wire_refused);
     tcase_add_test(tc, test_shm_wire);
+    tcase_add_test(tc, test_shm_leave_before_reset);
     tcase_add_test(tc, test_bf16_rounding);
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_q8_by_hand);
