@@ -7,9 +7,15 @@ For each case (model and per-worker batch) it measures, in one go: the engine al
 synchronous group) and PyTorch DDP with as many processes (bench/torch_ddp.py: gloo, 1 thread
 each, the same batch per process, data, learning rate and momentum; skipped with a message when
 python3-torch is missing). omnivore and DDP runs alternate; each figure is the median of --runs.
+It also runs as many engines alone at once as there are workers (bench_net processes side by
+side, no communication, each applying its own update): what the workers' engines do together on
+this machine's shared cores, caches and memory bandwidth, so that the cluster's share of it is
+the cost of the path. It is a reference, not a strict bound: a group applies one update per
+step where the engines apply one each.
 It prints images/s, seconds of training to the target test accuracy, the scaling efficiency
-(cluster images/s over workers x the engine's images/s at the same per-worker batch) and the
-ratio to DDP, then all figures as one JSON object on its last line.
+(cluster images/s over workers x the engine's images/s at the same per-worker batch), the
+cluster's share of the engines-together figure, and the ratio to DDP, then all figures as one
+JSON object on its last line.
 
     bench/cluster_scaling.py [--build build] [--runs 3] [--epochs 3] [--cases mlp:32,mlp:64]
         [--workers 1,2,4] [--target 0.85]     (add cnn:32 for the CNN, with --target 0.88)
@@ -25,15 +31,24 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def engine(build, model, batch):
-    out = subprocess.run([f"{build}/bench/bench_net", "--models", model, "--batches", str(batch),
-                          "--threads", "1", "--reps", "5"],
-                         capture_output=True, text=True, check=True).stdout
+def engine_figure(out, model, batch):
     for line in out.splitlines():
         m = re.match(rf"{model}\s+{batch}\s+1\s+\w+\s+(\d+)", line)
         if m:
             return float(m.group(1))
     raise RuntimeError(f"no {model} batch {batch} line in bench_net's output:\n{out}")
+
+
+def engines(build, model, batch, n=1):
+    """images/s of n engines alone (1 thread each, updates their own), run at the same time."""
+    cmd = [f"{build}/bench/bench_net", "--models", model, "--batches", str(batch), "--threads",
+           "1", "--reps", "5"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+             for _ in range(n)]
+    outs = [pr.communicate()[0] for pr in procs]
+    if any(pr.returncode != 0 for pr in procs):
+        raise RuntimeError(f"bench_net failed: {cmd}")
+    return sum(engine_figure(out, model, batch) for out in outs)
 
 
 def seconds_to(history, target):
@@ -83,22 +98,25 @@ def main():
         print("# DDP skipped: python3-torch is not installed (apt-get install python3-torch)")
     print(f"# {a.runs} runs each (median), {a.epochs} epochs, target test accuracy {a.target}; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}")
-    print(f"{'case':<8} {'workers':>7} {'engine':>8} {'omnivore':>9} {'eff':>5} {'to_acc_s':>8} "
+    print(f"{'case':<8} {'workers':>7} {'engine':>8} {'together':>8} {'omnivore':>9} {'eff':>5} "
+          f"{'of_tog':>6} {'to_acc_s':>8} "
           f"{'ddp':>8} {'ddp_to_s':>8} {'x_ddp':>6} {'acc':>6} {'ddp_acc':>7}")
     results = {}
     for case in a.cases.split(","):
         model, batch = case.split(":")
         batch = int(batch)
-        eng = engine(a.build, model, batch)
+        eng = engines(a.build, model, batch)
         for w in [int(x) for x in a.workers.split(",")]:
+            together = eng if w == 1 else engines(a.build, model, batch, w)
             ours, theirs = [], []
             for _ in range(a.runs):
                 ours.append(omnivore(a.build, model, batch, w, a.epochs, a.target))
                 if have_torch:
                     theirs.append(ddp(model, batch, w, a.epochs, a.target))
             o_ips, d_ips = median(ours, "images_per_second"), median(theirs, "images_per_second")
-            row = {"engine_images_per_second": eng, "images_per_second": o_ips,
-                   "efficiency": round(o_ips / (w * eng), 3),
+            row = {"engine_images_per_second": eng, "engines_together_images_per_second": together,
+                   "images_per_second": o_ips, "efficiency": round(o_ips / (w * eng), 3),
+                   "of_together": round(o_ips / together, 3),
                    "seconds_to": median(ours, "seconds_to"),
                    "test_accuracy": median(ours, "test_accuracy"),
                    "ddp_images_per_second": d_ips, "ddp_seconds_to": median(theirs, "seconds_to"),
@@ -106,8 +124,8 @@ def main():
                    "ratio_ddp": round(o_ips / d_ips, 3) if d_ips else None}
             results[f"{model}_b{batch}_w{w}"] = row
             fmt = lambda v: "-" if v is None else str(v)  # noqa: E731
-            print(f"{case:<8} {w:>7} {eng:>8.0f} {o_ips:>9.0f} {row['efficiency']:>5} "
-                  f"{fmt(row['seconds_to']):>8} {fmt(d_ips):>8} {fmt(row['ddp_seconds_to']):>8} "
+            print(f"{case:<8} {w:>7} {eng:>8.0f} {together:>8.0f} {o_ips:>9.0f} "
+                  f"{row['efficiency']:>5} {row['of_together']:>6} {fmt(row['seconds_to']):>8} {fmt(d_ips):>8} {fmt(row['ddp_seconds_to']):>8} "
                   f"{fmt(row['ratio_ddp']):>6} {fmt(row['test_accuracy']):>6} "
                   f"{fmt(row['ddp_test_accuracy']):>7}", flush=True)
     print(json.dumps(results))
