@@ -2,6 +2,8 @@
 #define OMV_LOG_TAG "daemon"
 #include "refusals.h"
 
+#include <stdio.h>
+
 #include "log.h"
 
 /* Refusals of one kind logged before the rest are only counted. */
@@ -16,8 +18,12 @@ void omv_refusals_count(omv_refusals_t *self, omv_refuse_t code, const char *who
                         const char *reason)
 {
     uint64_t n = ++self->counts[code];
+    snprintf(self->last, sizeof(self->last), "%s from %s: %s", omv_refuse_name(code), who, reason);
+    for (char *c = self->last; *c; c++) /* one line of status, whatever the reason held */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
     if (n <= REFUSALS_LOGGED)
-        omv_log_warn("refused %s from %s: %s%s", omv_refuse_name(code), who, reason,
+        omv_log_warn("refused %s%s", self->last,
                      n == REFUSALS_LOGGED ? " (further refusals of this kind are only counted)"
                                           : "");
 }
@@ -25,11 +31,7 @@ void omv_refusals_count(omv_refusals_t *self, omv_refuse_t code, const char *who
 void omv_refusals_add(omv_refusals_t *self, const omv_peer_t *peer, omv_refuse_t code,
                       const char *who, const char *reason)
 {
-    uint64_t n = ++self->counts[code];
-    if (n <= REFUSALS_LOGGED)
-        omv_log_warn("refused %s from %s: %s%s", omv_refuse_name(code), who, reason,
-                     n == REFUSALS_LOGGED ? " (further refusals of this kind are only counted)"
-                                          : "");
+    omv_refusals_count(self, code, who, reason);
     if (self->quiet)
         return;
     omv_msg_t e;

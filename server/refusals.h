@@ -12,6 +12,10 @@ typedef struct {
     uint64_t counts[OMV_REFUSE_COUNT_]; /* by reason */
     uint64_t unanswered;                /* answers dropped: the peer was gone or not reading */
     int quiet; /* logged and counted, not answered (a backup's: its primary answers) */
+    /* The latest refusal, as logged ("KIND from WHO: REASON"; empty before the first), kept
+     * whole however many of its kind came before, so that status can say why the last one was
+     * refused when the log stopped saying it. */
+    char last[OMV_WIRE_REASON_MAX + 64];
 } omv_refusals_t;
 
 /* Starts counting from zero; answers go out through router (borrowed). */

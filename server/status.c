@@ -179,6 +179,11 @@ static void section_refusals(const omv_daemon_t *d, omv_kv_t *kv)
     omv_kv_int(
         kv, "refused_total",
         (int64_t)(omv_refusals_total(&d->refusals) + omv_refusals_total(&d->backup_refusals)));
+    omv_kv_str(kv, "refused_last", d->refusals.last);
+    /* A shard server's refusals as a backup (not answered: its primary answers), in
+     * refused_total too. */
+    omv_kv_int(kv, "backup_refused_total", (int64_t)omv_refusals_total(&d->backup_refusals));
+    omv_kv_str(kv, "backup_refused_last", d->backup_refusals.last);
     omv_kv_int(kv, "refusals_unanswered_total", (int64_t)d->refusals.unanswered);
     omv_kv_int(kv, "handshakes_failed_total", (int64_t)omv_router_handshakes_failed(d->router));
 }

@@ -615,6 +615,14 @@ START_TEST(test_bad_input)
     ck_assert_msg(field(s, "refused_unknown_worker_total") == 1, "%s", s);
     ck_assert_msg(field(s, "refused_step_total") == 2, "%s", s);
     ck_assert_msg(field(s, "refused_not_finite_total") == 3, "%s", s);
+    /* The latest refusal, whole: the last shard's NaN. */
+    char last[128];
+    snprintf(last, sizeof(last),
+             "\nrefused_last:not_finite from worker %u: gradient of step 0 "
+             "shard %u has NaN or Inf values",
+             id, j->n_shards - 1);
+    ck_assert_msg(has_text(s, last), "%s", s);
+    ck_assert_msg(field(s, "backup_refused_total") == 0, "%s", s);
     ck_assert_int_eq(omv_control_request(sock_path, "status --json", &body, 2000), 0);
     ck_assert_msg(has_text(omv_strbuf_str(&body), "\"refused_not_finite_total\":3"), "%s",
                   omv_strbuf_str(&body));

@@ -1298,6 +1298,16 @@ START_TEST(test_servers_backup_flooded)
         ck_assert_msg(omv_time_ms() < until, "the misshapen push was not refused: %s",
                       omv_strbuf_str(&body));
     }
+    /* Refused as a backup (for its step, the first check it fails), and status says whose and
+     * why. */
+    char why[128];
+    snprintf(why, sizeof(why),
+             "\nbackup_refused_last:step from worker %u \"flood\": gradient "
+             "for step 1000000",
+             id);
+    ck_assert_msg(field(omv_strbuf_str(&body), "backup_refused_total") == 1 &&
+                      has_text(omv_strbuf_str(&body), why),
+                  "%s", omv_strbuf_str(&body));
     /* Pushes for a step far ahead, 16 at a time (each batch taken in before the next goes, so
      * that what the backup holds is what it kept, not what its socket queued), until it says it
      * stopped: at its 64 MiB bound, about 256 of them. */
