@@ -151,6 +151,13 @@ pid_t start_worker(const char *role)
     return start_worker_slow(role, "0");
 }
 
+pid_t start_evaluator(void)
+{
+    pid_t pid = start_worker("evaluator");
+    wait_status("evaluator_alive", 1, 30000);
+    return pid;
+}
+
 pid_t start_worker_slow(const char *role, const char *delay_ms)
 {
     char *argv[] = {(char *)bin("OMNIVORE_WORKER"),

@@ -26,6 +26,9 @@ pid_t start_daemon_argv(char *const argv[]);
 /* start_daemon_argv with its output appended to log (NULL: the test's own). */
 pid_t start_daemon_logged(char *const argv[], const char *log);
 pid_t start_worker(const char *role);
+/* An evaluator, once the daemon has it (status evaluator_alive): a short job whose trainers
+ * came first can otherwise end before it registers, done without a final test accuracy. */
+pid_t start_evaluator(void);
 /* A worker that adds delay_ms ("N" or "MIN-MAX") to every step, and takes a daemon silent
  * for 2 s for gone. */
 pid_t start_worker_slow(const char *role, const char *delay_ms);

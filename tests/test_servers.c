@@ -157,7 +157,10 @@ static double train_on_one(omv_checkpoint_t *ck)
     pid_t d = start_coordinator("one");
     /* The socket, as to the servers: shared memory would carry fp32 whatever the wire. */
     setenv("OMNIVORE_SHM", "0", 1);
-    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    pid_t w[3];
+    w[2] = start_evaluator();
+    w[0] = start_worker("trainer");
+    w[1] = start_worker("trainer");
     unsetenv("OMNIVORE_SHM");
     omv_strbuf_t body;
     omv_strbuf_init(&body);
@@ -222,7 +225,10 @@ static double train_on_servers(int n, omv_checkpoint_t *ck)
     pid_t s[MAX_PROCS];
     for (int i = 0; i < n; i++)
         s[i] = start_shard(i);
-    pid_t w[3] = {start_worker("trainer"), start_worker("trainer"), start_worker("evaluator")};
+    pid_t w[3];
+    w[2] = start_evaluator();
+    w[0] = start_worker("trainer");
+    w[1] = start_worker("trainer");
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     double acc = wait_done_or_dump(&body, n);
