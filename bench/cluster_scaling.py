@@ -125,7 +125,8 @@ def main():
             results[f"{model}_b{batch}_w{w}"] = row
             fmt = lambda v: "-" if v is None else str(v)  # noqa: E731
             print(f"{case:<8} {w:>7} {eng:>8.0f} {together:>8.0f} {o_ips:>9.0f} "
-                  f"{row['efficiency']:>5} {row['of_together']:>6} {fmt(row['seconds_to']):>8} {fmt(d_ips):>8} {fmt(row['ddp_seconds_to']):>8} "
+                  f"{row['efficiency']:>5} {row['of_together']:>6} {fmt(row['seconds_to']):>8} "
+                  f"{fmt(d_ips):>8} {fmt(row['ddp_seconds_to']):>8} "
                   f"{fmt(row['ratio_ddp']):>6} {fmt(row['test_accuracy']):>6} "
                   f"{fmt(row['ddp_test_accuracy']):>7}", flush=True)
     print(json.dumps(results))
