@@ -2307,6 +2307,32 @@ static void send_failover_op(omv_run_t *r, omv_server_op_t op)
     }
 }
 
+/* How long the reports must stand still before a failover's cut, so that every step that can
+ * still end (its parameters all sent before the server went) has ended, and its pushes are
+ * all in at the holders before they are cut: 500 ms, and twice the slowest trainer's step on
+ * top (a step under way when the server went ends within one, however slow the trainer). A cut
+ * sooner would leave such a step out, to be trained again, or, where its pushes reached a
+ * holder before the cut and its report the coordinator after, find the holders' ranges at
+ * other steps than the cut and go back to the last checkpoint. At most 10 minutes. */
+#define FAILOVER_SETTLE_MS 500
+#define FAILOVER_SETTLE_MAX_MS 600000
+
+static int64_t failover_settle_ms(const omv_run_t *r, double *ret_slowest_ms)
+{
+    double slowest = 0.0;
+    for (uint32_t i = 0; i < r->env.members->n; i++) {
+        const member_t *m = &r->env.members->records[i];
+        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
+            continue;
+        double ms = m->ms_per_image * m->batch;
+        ms = (double)m->last_compute_ms > ms ? (double)m->last_compute_ms : ms;
+        slowest = isfinite(ms) && ms > slowest ? ms : slowest;
+    }
+    *ret_slowest_ms = slowest;
+    double settle = FAILOVER_SETTLE_MS + 2.0 * slowest;
+    return settle < FAILOVER_SETTLE_MAX_MS ? (int64_t)settle : FAILOVER_SETTLE_MAX_MS;
+}
+
 /* A server of the run is gone and every range is still held (by its primary or its backup):
  * once the steps under way have settled (failover_settle), the holders are cut at the steps
  * every member reported (a begun step whose parameters the gone server never sent can never
@@ -2331,6 +2357,8 @@ static int start_failover(omv_run_t *r)
         primaries &= r->holder_ids[i] == r->server_ids[i];
     r->failover = primaries ? 2 : 1;
     r->failover_ms = r->failover_quiet_ms = omv_time_ms();
+    double slowest_ms = 0.0;
+    r->failover_settle_ms = failover_settle_ms(r, &slowest_ms);
     r->failover_sig = UINT64_MAX;
     r->env.servers->failovers_total++;
     r->cut_phase = 1;
@@ -2347,6 +2375,10 @@ static int start_failover(omv_run_t *r)
                          r->env.servers->rec[r->holder_ids[i] - 1].last, r->holder_ids[i]);
     if (primaries)
         send_cut_op(r, OMV_SERVER_FREEZE);
+    else
+        omv_log_warn("job '%s': failover: the holders are cut once no step has been reported for "
+                     "%lld ms (the slowest trainer's step takes %.0f ms)",
+                     r->job.name, (long long)r->failover_settle_ms, slowest_ms);
     return 1;
 }
 
@@ -2367,18 +2399,18 @@ static void failover_abandon(omv_run_t *r, const char *why)
     r->rewind = 1;
 }
 
-/* A failover's cut that is not in after this long is given up on. */
+/* A failover's cut that is not in this long after its settle is given up on. */
 #define FAILOVER_DEADLINE_MS 30000
-
-/* How long the reports must stand still before a failover's cut: every step that can still end
- * (its parameters all sent before the server went) has ended by then. */
-#define FAILOVER_SETTLE_MS 500
 
 /* A failover waits for the reports to stand still; then the holders cut at the clocks. */
 static void failover_settle(omv_run_t *r)
 {
-    if (r->failover && omv_time_ms() - r->failover_ms > FAILOVER_DEADLINE_MS) {
-        failover_abandon(r, "the failover's cut did not come in within 30 s");
+    if (r->failover &&
+        omv_time_ms() - r->failover_ms > FAILOVER_DEADLINE_MS + r->failover_settle_ms) {
+        char why[128];
+        snprintf(why, sizeof(why), "the failover's cut did not come in within %lld s",
+                 (long long)((FAILOVER_DEADLINE_MS + r->failover_settle_ms) / 1000));
+        failover_abandon(r, why);
         return;
     }
     if (r->failover != 1 || r->cut_phase != 1)
@@ -2392,7 +2424,7 @@ static void failover_settle(omv_run_t *r)
         r->failover_quiet_ms = now;
         return;
     }
-    if (now - r->failover_quiet_ms < FAILOVER_SETTLE_MS)
+    if (now - r->failover_quiet_ms < r->failover_settle_ms)
         return;
     for (uint32_t g = 0; g < r->max_groups; g++)
         r->cut_clocks[g] = g < omv_groups_count(r->groups) ? omv_groups_clock(r->groups, g) : 0;

@@ -157,6 +157,7 @@ typedef struct {
     int failover; /* 1: a primary is gone (its backup holds its range), 2: only a backup, 3: a
                    * free server comes to keep a backup */
     int64_t failover_ms, failover_quiet_ms;
+    int64_t failover_settle_ms; /* how long the reports must stand still before the cut */
     uint64_t failover_sig;
     uint32_t holder_ids[OMV_WIRE_MAX_SERVERS];
     uint64_t fetch_id;

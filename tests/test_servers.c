@@ -1157,6 +1157,72 @@ START_TEST(test_servers_failover)
 }
 END_TEST
 
+START_TEST(test_servers_failover_slow_steps)
+{
+    /* Trainers whose step takes 3 s, longer than the coordinator takes to find a SIGKILLed
+     * primary gone (server_timeout_s = 2): the primary is killed just as a step begins, so that
+     * step is still being computed when the failover starts. The coordinator waits for the
+     * reports to stand still twice the slowest step and more (it says how long), so the step
+     * under way ends and is in the cut: the holders are cut one step past the kill (with a
+     * fixed 500 ms they were cut at the kill's step, and the step was thrown away to be
+     * trained again), and every image is counted once. */
+    model_section = "layers = 64 32 4";
+    coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
+    write_job(2, 1,
+              "groups = 1\nstaleness = none\nservers = 2\nreplicas = 2\n"
+              "[checkpoint]\nevery_s = 0\n[data]\ntrain_limit = 160");
+    /* A trainer sends nothing while it computes: it must not be taken for dead meanwhile. */
+    static char job[8192];
+    read_file(job_path, job, sizeof(job));
+    char *t = strstr(job, "worker_timeout_s = 1.5");
+    ck_assert_ptr_nonnull(t);
+    memcpy(t, "worker_timeout_s = 20 ", 22);
+    FILE *f = fopen(job_path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(job, f);
+    fclose(f);
+    pid_t d = start_coordinator("servers"), s[4], w[2];
+    for (int i = 0; i < 4; i++)
+        s[i] = start_shard(i);
+    for (int i = 0; i < 2; i++)
+        w[i] = start_worker_slow("trainer", "3000");
+    double steps = wait_status("steps_total", 1, 60000);
+    double now = steps;
+    for (int64_t until = omv_time_ms() + 10000; now == steps && omv_time_ms() < until; sleep_ms(20))
+        now = status_field("steps_total");
+    ck_assert_msg(now > steps, "no step in 10 s");
+    sleep_ms(300); /* the step's parameters are all out: it is under way */
+    int victim = holder_of("primary", 1, 4);
+    ck_assert_msg(victim >= 0, "no primary of shard 1");
+    kill(s[victim], SIGKILL);
+    waitpid(s[victim], NULL, 0);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done_or_dump(&body, 4);
+    double images = field(omv_strbuf_str(&body), "images_total");
+    omv_strbuf_fini(&body);
+    ck_assert_msg(images == 160, "images %.0f", images);
+    stop_workers(w, 2);
+    shutdown_daemon(d);
+    static char text[65536];
+    char log[700];
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    read_file(log, text, sizeof(text));
+    size_t len = strlen(text);
+    const char *tail = len > 3000 ? text + len - 3000 : text;
+    const char *wait = strstr(text, "no step has been reported for ");
+    ck_assert_msg(wait != NULL, "%s", tail);
+    ck_assert_msg(atof(wait + 30) >= 6500, "%.300s", wait);
+    char cut[96];
+    snprintf(cut, sizeof(cut), "the ranges' holders were cut at step %.0f ", now + 1);
+    ck_assert_msg(has_text(text, cut), "killed at step %.0f: %s", now, tail);
+    for (int i = 0; i < 4; i++)
+        if (i != victim)
+            stop_shard(s[i], i, text, sizeof(text));
+    coordinator_conf = NULL;
+}
+END_TEST
+
 START_TEST(test_servers_backup_lost_with_churn)
 {
     /* replicas = 2 with members coming and going: a trainer is SIGKILLed and its replacement
@@ -1424,6 +1490,7 @@ static Suite *servers_suite(void)
     ADD_TEST(tc, test_servers_regroup);
     ADD_TEST(tc, test_servers_optimizer);
     ADD_TEST(tc, test_servers_failover);
+    ADD_TEST(tc, test_servers_failover_slow_steps);
     ADD_TEST(tc, test_servers_backup_lost_with_churn);
     ADD_TEST(tc, test_servers_backup_flooded);
     suite_add_tcase(s, tc);
