@@ -112,8 +112,9 @@ const omv_config_entry_t omv_job_table[] = {
      "per 64 values, about a quarter of the bytes, the rounding error carried into the worker's "
      "next gradient; parameters as bf16)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
-     "a worker silent this long is declared dead (a trainer sends nothing while it computes a "
-     "step: keep this above the longest step)"},
+     "a worker silent this long is declared dead (a trainer computing a step sends a heartbeat "
+     "between its layers, once a second at most: keep this above a second and the longest "
+     "layer)"},
     {"cluster", "progress_timeout_s", DBL(progress_timeout_s), "60", 0.1, 86400, 0,
      "a trainer of a running job that pushes no gradient this long (and waits for no other "
      "group) is declared dead: heartbeats alone do not hold a place in a group"},

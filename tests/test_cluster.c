@@ -392,6 +392,34 @@ START_TEST(test_broken_job_file)
 }
 END_TEST
 
+START_TEST(test_long_step_not_dead)
+{
+    /* A trainer sends a heartbeat between its layers when one is due: a step longer than
+     * worker_timeout_s (3 s here; 15 layers of 1536 at 2048 images take several seconds, each
+     * layer well under one) is not a dead worker, and the job trains to its end. */
+    model_section = "layers = 64 1536 1536 1536 1536 1536 1536 1536 1536 1536 1536 1536 1536 "
+                    "1536 1536 4";
+    write_job(1, 1, "groups = 1\nstaleness = none\n[data]\ntrain_limit = 4096");
+    static char json[65536];
+    int rc = run_ctl(json, sizeof(json),
+                     "--workers 1 --set train.batch_size=2048 --set cluster.worker_timeout_s=3");
+    static char log[1 << 16];
+    read_run_log(log, sizeof(log));
+    const char *dead = strstr(log, "declared dead");
+    ck_assert_msg(dead == NULL, "%.250s", dead == NULL ? "" : dead - log > 150 ? dead - 150 : log);
+    ck_assert_msg(rc == 0 && has_text(json, "\"state\":\"done\""), "%.2000s", json);
+    double images = json_number(json, "images_total");
+    ck_assert_msg(images == 4096, "images: %s", json);
+    /* The test means something only where a step outlasts the timeout. */
+    double step_s = 2048 / json_number(json, "images_per_second");
+    ck_assert_msg(step_s > 3.0,
+                  "a step took %.2f s: no longer than the timeout (this machine needs a larger "
+                  "model for the test)",
+                  step_s);
+    model_section = "layers = 64 32 4";
+}
+END_TEST
+
 START_TEST(test_worker_killed)
 {
     write_job(2, 200, "groups = 1");
@@ -740,6 +768,7 @@ int main(void)
     tcase_add_test(tc, test_evaluator_nice);
     tcase_add_test(tc, test_broken_job_file);
     tcase_add_test(tc, test_worker_killed);
+    tcase_add_test(tc, test_long_step_not_dead);
     tcase_add_test(tc, test_shm_sigkill_leaves_nothing);
     tcase_add_test(tc, test_bad_input);
     tcase_add_test(tc, test_daemon_sigterm);

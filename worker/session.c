@@ -688,9 +688,11 @@ static int prepare(session_t *s, uint32_t batch)
     r = load_data(s, j->slice_begin, j->slice_count);
     if (r < 0)
         return r;
+    send_heartbeat_if_due(s); /* a large model takes a while to make */
     s->net = omv_net_new_threads(&s->layout, batch, (uint32_t)s->cfg->threads);
     if (s->net != NULL)
         omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
+    send_heartbeat_if_due(s);
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
     s->grad16 = malloc(j->param_count * sizeof(uint16_t));
@@ -957,22 +959,25 @@ static int begin_step(session_t *s, uint64_t *step_p)
     return 0;
 }
 
-/* Sleeps seconds (unless a signal asks to stop). */
-static void sleep_s(double seconds, volatile sig_atomic_t *stop)
+/* Sleeps seconds, as a slower device would compute (unless a signal asks to stop), with a
+ * heartbeat when one is due, as a real step's layers send them (hook_need, hook_ready). */
+static void sleep_s(session_t *s, double seconds)
 {
-    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0 && !*stop)
-        ;
+    double until = omv_time_s() + seconds;
+    for (double left = seconds; left > 0 && !*s->stop; left = until - omv_time_s()) {
+        double slice = left < 0.1 ? left : 0.1;
+        struct timespec ts = {0, (long)(slice * 1e9)};
+        nanosleep(&ts, NULL);
+        send_heartbeat_if_due(s);
+    }
 }
 
-/* Sleeps a random time in [delay_min_ms, delay_max_ms], as a slower device would compute. */
+/* Sleeps a random time in [delay_min_ms, delay_max_ms]. */
 static void slow_down(session_t *s)
 {
     uint32_t span = (uint32_t)(s->cfg->delay_max_ms - s->cfg->delay_min_ms) + 1;
     uint32_t ms = (uint32_t)s->cfg->delay_min_ms + (uint32_t)(omv_rng_next(&s->delay_rng) % span);
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && !*s->stop)
-        ;
+    sleep_s(s, ms / 1000.0);
 }
 
 /* Pushes shard sh of the step's gradient, as the job's wire asks; loss and ms go with it (the
@@ -1053,6 +1058,7 @@ static void hook_need(void *ctx, size_t end)
 {
     session_t *s = ctx;
     double t0 = omv_time_s();
+    send_heartbeat_if_due(s); /* a long step must not look like a dead worker */
     if (s->hook_err == 0)
         s->hook_err = await_params(s, end);
     s->hook_s += omv_time_s() - t0;
@@ -1072,6 +1078,7 @@ static void hook_ready(void *ctx, size_t from)
 {
     session_t *s = ctx;
     double t0 = omv_time_s();
+    send_heartbeat_if_due(s);
     if (s->hook_err == 0 && s->have == s->job.n_shards) {
         s->hook_err = pull_next(s);
         if (s->hook_err == 0)
@@ -1111,7 +1118,7 @@ static int serial_step(session_t *s)
     double t0 = omv_time_s();
     float loss = omv_net_train_step(s->net, s->p, s->x, s->y, s->batch, s->g);
     if (s->cfg->slowdown > 1.0)
-        sleep_s((s->cfg->slowdown - 1.0) * (omv_time_s() - t0), s->stop);
+        sleep_s(s, (s->cfg->slowdown - 1.0) * (omv_time_s() - t0));
     if (s->cfg->delay_max_ms > 0)
         slow_down(s);
     float ms = (float)((omv_time_s() - t0) * 1000.0);
