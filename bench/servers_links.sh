@@ -36,6 +36,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 addr() { case $1 in head) echo 1 ;; s*) echo $((10 + ${1#s})) ;; w*) echo $((20 + ${1#w})) ;; esac; }
 . "$(dirname "$0")/../tests/cluster_lib.sh"
+. "$(dirname "$0")/links_lib.sh"
 netns_bridge "$p-sw" "" || { echo "cannot make the namespaces: $(cat "$tmp/err")"; exit 1; }
 for h in $hosts; do netns_host "$p-$h" "$p-sw" "$p$h" "10.79.0.$(addr "$h")/24"; done
 shape() { # every host's link, both ends
@@ -97,27 +98,12 @@ have_ddp=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_ddp=1
 [ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
 [ "${DDP:-yes}" = yes ] || have_ddp=0
-median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "# $RUNS runs each, interleaved; MLP 784-$HIDDEN-10, $WORKERS workers x 64 images, wire $WIRE, $LIMIT images x $EPOCHS epochs; every link shaped"
 printf '%-8s %-10s %12s %10s\n' link servers images/s accuracy
 json="{"
+cases=$SERVERS
 for RATE in $RATES; do
     shape
-    : >"$tmp/ddp"
-    for n in $SERVERS; do : >"$tmp/r$n"; done
-    for r in $(seq "$RUNS"); do
-        for n in $SERVERS; do one_run "$n" >>"$tmp/r$n"; done
-        [ $have_ddp = 0 ] || ddp_run >>"$tmp/ddp"
-    done
-    for n in $SERVERS; do
-        ips=$(cut -d' ' -f1 "$tmp/r$n" | median) acc=$(cut -d' ' -f2 "$tmp/r$n" | median)
-        printf '%-8s %-10s %12s %10s\n' "$RATE" "$n" "$ips" "$acc"
-        json="$json\"${RATE}_servers_$n\":{\"images_per_second\":$ips,\"test_accuracy\":$acc},"
-    done
-    if [ -s "$tmp/ddp" ]; then
-        ips=$(median <"$tmp/ddp")
-        printf '%-8s %-10s %12s %10s\n' "$RATE" ddp "$ips" -
-        json="$json\"${RATE}_ddp\":{\"images_per_second\":$ips},"
-    fi
+    links_rate "$RATE" servers_ '%-8s %-10s %12s %10s\n'
 done
 echo "${json%,}}"

@@ -32,6 +32,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 . "$(dirname "$0")/../tests/cluster_lib.sh"
+. "$(dirname "$0")/links_lib.sh"
 netns_bridge "$ns_head" 10.78.0.1/24 || { echo "cannot make the namespaces: $(cat "$tmp/err")"; exit 1; }
 netns_host "$ns_w1" "$ns_head" "omvb$$h1" 10.78.0.2/24
 netns_host "$ns_w2" "$ns_head" "omvb$$h2" 10.78.0.3/24
@@ -89,27 +90,11 @@ ddp_run() { # PyTorch DDP, one rank per worker host, the same batch and data: pr
 have_ddp=0
 /usr/bin/python3 -c 'import torch' 2>/dev/null && have_ddp=1
 [ $have_ddp = 1 ] || echo "# DDP skipped: python3-torch is not installed (apt-get install python3-torch)"
-median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "# $RUNS runs each, interleaved; MLP, 2 workers x 64 images, $LIMIT images x $EPOCHS epochs"
 printf '%-10s %-6s %12s %10s\n' link wire images/s accuracy
 json="{"
 for RATE in $RATES; do
     shape
-    : >"$tmp/ddp"
-    for w in $cases; do : >"$tmp/$w"; done
-    for r in $(seq "$RUNS"); do
-        for w in $cases; do one_run $w >>"$tmp/$w"; done
-        [ $have_ddp = 0 ] || ddp_run >>"$tmp/ddp"
-    done
-    for w in $cases; do
-        ips=$(cut -d' ' -f1 "$tmp/$w" | median) acc=$(cut -d' ' -f2 "$tmp/$w" | median)
-        printf '%-10s %-6s %12s %10s\n' "$RATE" "$w" "$ips" "$acc"
-        json="$json\"${RATE}_$w\":{\"images_per_second\":$ips,\"test_accuracy\":$acc},"
-    done
-    if [ -s "$tmp/ddp" ]; then
-        ips=$(median <"$tmp/ddp")
-        printf '%-10s %-6s %12s %10s\n' "$RATE" ddp "$ips" -
-        json="$json\"${RATE}_ddp\":{\"images_per_second\":$ips},"
-    fi
+    links_rate "$RATE" "" '%-10s %-6s %12s %10s\n'
 done
 echo "${json%,}}"
