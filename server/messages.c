@@ -436,8 +436,8 @@ void omv_messages_drain_local(omv_daemon_t *d, const struct pollfd *fds, const u
 static int stalled(const omv_run_t *r, const member_t *m, int64_t now, double *ret_s)
 {
     if (r == NULL || r->state != JOB_RUNNING || m->state != MEMBER_ALIVE ||
-        m->role != OMV_ROLE_TRAINER || m->parked)
-        return 0;
+        m->role != OMV_ROLE_TRAINER || m->parked || r->failover)
+        return 0; /* a failover holds every trainer until its cut is in */
     /* Since it was last given work: a member served just now (as another's death completes
      * its group's step) has had no time to push. */
     int64_t since = m->last_push_ms > m->joined_ms ? m->last_push_ms : m->joined_ms;

@@ -2309,11 +2309,13 @@ static void send_failover_op(omv_run_t *r, omv_server_op_t op)
 
 /* How long the reports must stand still before a failover's cut, so that every step that can
  * still end (its parameters all sent before the server went) has ended, and its pushes are
- * all in at the holders before they are cut: 500 ms, and twice the slowest trainer's step on
- * top (a step under way when the server went ends within one, however slow the trainer). A cut
- * sooner would leave such a step out, to be trained again, or, where its pushes reached a
+ * all in at the holders before they are cut: 500 ms, and twice the slowest live trainer's
+ * measured step on top (a step under way when the server went ends within one, however slow
+ * the trainer); before any trainer has a measured step, as long as a worker may be silent. A
+ * cut sooner would leave such a step out, to be trained again, or, where its pushes reached a
  * holder before the cut and its report the coordinator after, find the holders' ranges at
- * other steps than the cut and go back to the last checkpoint. At most 10 minutes. */
+ * other steps than the cut and go back to the last checkpoint. Made again at every look (a
+ * trainer that dies meanwhile no longer counts); at most 10 minutes. */
 #define FAILOVER_SETTLE_MS 500
 #define FAILOVER_SETTLE_MAX_MS 600000
 
@@ -2322,14 +2324,21 @@ static int64_t failover_settle_ms(const omv_run_t *r, double *ret_slowest_ms)
     double slowest = 0.0;
     for (uint32_t i = 0; i < r->env.members->n; i++) {
         const member_t *m = &r->env.members->records[i];
-        if (m->state != MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
+        int g = m->state == MEMBER_ALIVE && m->role == OMV_ROLE_TRAINER
+                    ? omv_groups_of(r->groups, m->slot)
+                    : -1;
+        if (g < 0)
             continue;
-        double ms = m->ms_per_image * m->batch;
+        /* Its share of its group's batch: the servers, not the coordinator, send its steps. */
+        uint32_t live = omv_groups_live(r->groups, (uint32_t)g);
+        double share = m->batch ? m->batch : (double)r->job.batch_size / (live ? live : 1);
+        double ms = m->ms_per_image * share;
         ms = (double)m->last_compute_ms > ms ? (double)m->last_compute_ms : ms;
         slowest = isfinite(ms) && ms > slowest ? ms : slowest;
     }
     *ret_slowest_ms = slowest;
-    double settle = FAILOVER_SETTLE_MS + 2.0 * slowest;
+    double settle = slowest > 0 ? FAILOVER_SETTLE_MS + 2.0 * slowest
+                                : FAILOVER_SETTLE_MS + r->job.worker_timeout_s * 1000.0;
     return settle < FAILOVER_SETTLE_MAX_MS ? (int64_t)settle : FAILOVER_SETTLE_MAX_MS;
 }
 
@@ -2424,6 +2433,8 @@ static void failover_settle(omv_run_t *r)
         r->failover_quiet_ms = now;
         return;
     }
+    double slowest_ms;
+    r->failover_settle_ms = failover_settle_ms(r, &slowest_ms);
     if (now - r->failover_quiet_ms < r->failover_settle_ms)
         return;
     for (uint32_t g = 0; g < r->max_groups; g++)

@@ -44,6 +44,8 @@ struct omv_net {
     const uint8_t *labels;
     float *grad;
     const omv_net_hooks_t *hooks; /* part 0's, with one part; else NULL */
+    void (*tick)(void *ctx);      /* omv_net_set_tick: part 0 calls it between layers */
+    void *tick_ctx;
     /* Step hand-off: gen counts steps started; pending counts parts still running. */
     pthread_mutex_t mu;
     pthread_cond_t go, finished;
@@ -217,6 +219,8 @@ static void forward(part_t *p, const float *x, bool train)
     const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
     for (uint32_t i = 0; i < n; i++) {
         const omv_model_layer_t *spec = &net->layout.layers[i];
+        if (p == &net->parts[0] && net->tick)
+            net->tick(net->tick_ctx);
         if (hooks && spec->w_count + spec->b_count > 0)
             hooks->need(hooks->ctx, spec->b_offset + spec->b_count);
         double t0 = seconds ? omv_time_s() : 0.0;
@@ -284,6 +288,8 @@ static void part_train(part_t *p, uint32_t batch)
     for (uint32_t i = n; i-- > 0;) {
         const float *in = i == 0 ? x : p->layers[i - 1].out;
         float *din = i == 0 ? NULL : p->layers[i - 1].dout;
+        if (p == &net->parts[0] && net->tick)
+            net->tick(net->tick_ctx);
         double t0 = seconds ? omv_time_s() : 0.0;
         omv_layer_backward(&p->layers[i], net->params, in, din, p->count, grad);
         if (seconds)
@@ -404,6 +410,12 @@ float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
                          const uint8_t *labels, uint32_t batch, float *grad)
 {
     return omv_net_train_step_hooked(self, params, x, labels, batch, grad, NULL);
+}
+
+void omv_net_set_tick(omv_net_t *self, void (*tick)(void *ctx), void *ctx)
+{
+    self->tick = tick;
+    self->tick_ctx = ctx;
 }
 
 float omv_net_train_step_hooked(omv_net_t *self, const float *params, const float *x,

@@ -55,6 +55,11 @@ float omv_net_train_step_hooked(omv_net_t *self, const float *params, const floa
                                 const uint8_t *labels, uint32_t batch, float *grad,
                                 const omv_net_hooks_t *hooks);
 
+/* tick(ctx) is called between layers, forward and backward, in every step and evaluation, on
+ * the caller's thread (whatever the threads and hooks): a long step's heartbeats go there.
+ * NULL: none. */
+void omv_net_set_tick(omv_net_t *self, void (*tick)(void *ctx), void *ctx);
+
 /* Forward only (dropout off): counts correct top-1 predictions and sums the loss. */
 void omv_net_evaluate(omv_net_t *self, const float *params, const float *x, const uint8_t *labels,
                       uint32_t batch, uint32_t *ret_correct, double *ret_loss_sum);

@@ -238,6 +238,13 @@ static void send_heartbeat_if_due(session_t *s)
     }
 }
 
+/* The engine's tick between layers: a step longer than the daemon's worker timeout must not
+ * look like a dead worker (one layer at most goes by between two chances to send). */
+static void heartbeat_tick(void *ctx)
+{
+    send_heartbeat_if_due(ctx);
+}
+
 /* Waits for the next message that is not a heartbeat: sends heartbeats while waiting, notices a
  * daemon that has gone quiet, and handles Error and Stop. Returns 0 with a message, WAIT_DONE,
  * WAIT_LOST, or a negative errno (-ETIMEDOUT at deadline_ms when it is > 0). */
@@ -692,6 +699,8 @@ static int prepare(session_t *s, uint32_t batch)
     s->net = omv_net_new_threads(&s->layout, batch, (uint32_t)s->cfg->threads);
     if (s->net != NULL)
         omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
+    if (s->net != NULL)
+        omv_net_set_tick(s->net, heartbeat_tick, s);
     send_heartbeat_if_due(s);
     s->params = malloc(j->param_count * sizeof(float));
     s->grad = malloc(j->param_count * sizeof(float));
@@ -1058,7 +1067,6 @@ static void hook_need(void *ctx, size_t end)
 {
     session_t *s = ctx;
     double t0 = omv_time_s();
-    send_heartbeat_if_due(s); /* a long step must not look like a dead worker */
     if (s->hook_err == 0)
         s->hook_err = await_params(s, end);
     s->hook_s += omv_time_s() - t0;
@@ -1078,7 +1086,6 @@ static void hook_ready(void *ctx, size_t from)
 {
     session_t *s = ctx;
     double t0 = omv_time_s();
-    send_heartbeat_if_due(s);
     if (s->hook_err == 0 && s->have == s->job.n_shards) {
         s->hook_err = pull_next(s);
         if (s->hook_err == 0)
