@@ -288,6 +288,7 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->token = m->token;
     out->gather_id = m->gather_id;
     out->final = m->final != 0;
+    out->params_only = m->params_only != 0;
     out->count = m->count;
     out->images = m->images;
     out->steps = m->steps;
@@ -561,6 +562,7 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->token = s->token;
     m->gather_id = s->gather_id;
     m->final = s->final;
+    m->params_only = s->params_only;
     m->count = s->count;
     m->images = s->images;
     m->steps = s->steps;

@@ -233,6 +233,7 @@ typedef struct {
     int part;
     uint32_t part_crc;
     uint64_t part_bytes;
+    int params_only; /* GATHER, GATHERED: the parameters alone (an evaluation's), no state */
 } omv_server_msg_t;
 
 typedef struct {

@@ -295,10 +295,14 @@ static void fetch_model(omv_run_t *r, int final)
     r->fetch_id++;
     r->fetch_left = r->n_servers;
     r->fetch_final = final;
+    /* An evaluation needs the parameters alone: the momentum (and Adam's moments) stay on the
+     * servers, a half (a third) of the bytes. The final model comes whole, for its checkpoint. */
+    r->fetch_params_only = !final;
     omv_msg_t msg = {.type = OMV_MSG_SERVER};
     msg.u.server.op = OMV_SERVER_GATHER;
     msg.u.server.gather_id = r->fetch_id;
     msg.u.server.final = final;
+    msg.u.server.params_only = !final;
     omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
 }
 
@@ -1300,7 +1304,7 @@ static void finishing(omv_run_t *r)
                      omv_run_train_seconds(r), (unsigned long long)r->steps_total,
                      (unsigned long long)r->images_total);
         if (r->part_gather_wanted)
-            omv_run_part_gather(r, r->part_gather_id, 1);
+            omv_run_part_gather(r, r->part_gather_id, 1, 0);
         return;
     }
     omv_log_info("training finished after %.1f s; final evaluation", omv_run_train_seconds(r));
@@ -2205,9 +2209,10 @@ static void fetched(omv_run_t *r)
     uint64_t steps[OMV_WIRE_MAX_SHARDS];
     for (uint32_t i = 0; i < r->shards->n_shards; i++)
         steps[i] = r->fetch_adam_steps;
-    if (omv_shardset_restore(r->shards, r->fetch_params, r->fetch_velocity,
-                             r->shards->adam ? r->fetch_second : NULL,
-                             r->shards->adam ? steps : NULL) < 0) {
+    int state = !r->fetch_params_only; /* an evaluation's gather brings the parameters alone */
+    if (omv_shardset_restore(r->shards, r->fetch_params, state ? r->fetch_velocity : NULL,
+                             state && r->shards->adam ? r->fetch_second : NULL,
+                             state && r->shards->adam ? steps : NULL) < 0) {
         omv_log_error("cannot put the shard servers' model into the daemon's shards");
         return;
     }
@@ -2229,12 +2234,14 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
                       const float *payload, size_t bytes)
 {
     uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
-    size_t want = (size_t)state_arrays(r) * count * sizeof(float);
+    uint32_t arrays = r->fetch_params_only ? 1 : state_arrays(r);
+    size_t want = (size_t)arrays * count * sizeof(float);
     if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
         return; /* an older gather's answer */
     if (r->cut_phase == 2 && (!r->cut_ranges || (g->part && r->cut_parts)))
         want = 0; /* a cut without ranges, or the range in a part: the server's steps are in */
-    if (g->first_shard != s->first || g->last_shard != s->last || bytes != want) {
+    if (g->first_shard != s->first || g->last_shard != s->last || bytes != want ||
+        (want > 0 && !g->params_only != !r->fetch_params_only)) {
         omv_log_error("shard server %u sent shards [%u, %u) in %zu bytes; it holds [%u, %u) "
                       "(%zu bytes): ignored",
                       omv_servers_id(r->env.servers, s), g->first_shard, g->last_shard, bytes,
@@ -2253,7 +2260,7 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
             return;
         }
     float *dst[3] = {r->fetch_params, r->fetch_velocity, r->fetch_second};
-    for (uint32_t a = 0; want > 0 && a < state_arrays(r); a++)
+    for (uint32_t a = 0; want > 0 && a < arrays; a++)
         memcpy(dst[a] + off, payload + (size_t)a * count, count * sizeof(float));
     if (r->cut_phase == 2 && r->cut_parts && g->part)
         omv_run_parts_take(r, s, g);
@@ -2281,6 +2288,7 @@ void omv_run_frozen(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *f)
     r->cut_phase = 2;
     r->fetch_left = r->n_servers;
     r->fetch_final = 0;
+    r->fetch_params_only = 0;
     send_cut_op(r, OMV_SERVER_CUT);
 }
 
@@ -2442,6 +2450,7 @@ static void failover_settle(omv_run_t *r)
     r->cut_phase = 2;
     r->fetch_left = r->n_servers;
     r->fetch_final = 0;
+    r->fetch_params_only = 0;
     send_failover_op(r, OMV_SERVER_CUT);
 }
 
@@ -2558,7 +2567,7 @@ void omv_run_part_start(omv_run_t *r)
         start(r, " (the coordinator started it)");
 }
 
-void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
+void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final, int params_only)
 {
     if (final && r->state < JOB_FINISHING) {
         r->part_gather_wanted = 1; /* once the last step is in */
@@ -2568,18 +2577,23 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final)
     r->part_gather_wanted = 0;
     uint32_t off = r->shards->offsets[r->part.first];
     uint32_t count = r->shards->offsets[r->part.last] - off;
-    float *buf = malloc(((size_t)state_arrays(r) * count + 1) * sizeof(float));
+    uint32_t arrays = params_only ? 1 : state_arrays(r);
+    float *buf = malloc(((size_t)arrays * count + 1) * sizeof(float));
     if (buf == NULL || omv_shardset_gather(r->shards, 1) < 0) {
         omv_log_error("cannot gather shards [%u, %u) for the coordinator", r->part.first,
                       r->part.last);
         free(buf);
         return;
     }
-    pack_range(r, buf, off, count);
+    if (params_only)
+        memcpy(buf, r->shards->gather_params + off, (size_t)count * sizeof(float));
+    else
+        pack_range(r, buf, off, count);
     omv_msg_t msg;
     omv_server_msg_t *u = omv_run_gathered_msg(r, &msg, gather_id);
     u->final = final;
-    u->count = state_arrays(r) * count;
+    u->params_only = params_only;
+    u->count = arrays * count;
     u->adam_steps = r->shards->gather_steps[r->part.first];
     int e = omv_router_up_send(r->env.router, &msg, buf);
     if (e < 0)
@@ -2695,7 +2709,7 @@ static void part_cut_check(omv_run_t *r)
     if (!r->cut_no_ranges) {
         /* A checkpoint's: the range as a part file, or (when it cannot be) to the coordinator. */
         if (r->cut_part_dir[0] == '\0' || omv_run_parts_send(r, r->freeze_id) < 0)
-            omv_run_part_gather(r, r->freeze_id, 0);
+            omv_run_part_gather(r, r->freeze_id, 0, 0);
         return;
     }
     omv_msg_t msg;

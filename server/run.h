@@ -162,9 +162,10 @@ typedef struct {
     uint32_t holder_ids[OMV_WIRE_MAX_SERVERS];
     uint64_t fetch_id;
     uint32_t fetch_left;
-    int fetch_final;   /* the gather is of the final model (the job's last step is in) */
-    int fetched_final; /* the shards hold the servers' final model */
-    int fetch_fresh;   /* the shards hold what the servers sent last: evaluate it */
+    int fetch_final;       /* the gather is of the final model (the job's last step is in) */
+    int fetch_params_only; /* the gather is an evaluation's: the parameters alone */
+    int fetched_final;     /* the shards hold the servers' final model */
+    int fetch_fresh;       /* the shards hold what the servers sent last: evaluate it */
     float *fetch_params, *fetch_velocity, *fetch_second; /* [param_count] what they sent */
     uint64_t fetch_adam_steps;
     /* A consistent cut across the servers (a checkpoint): 0 none, 1 freezing (waiting for every
@@ -282,7 +283,7 @@ void omv_run_adopt(omv_run_t *self, member_t *m, uint32_t slot, uint32_t group);
 void omv_run_part_start(omv_run_t *self);
 /* The coordinator asks for this server's range: now, or (final) once the job's last step is
  * in. */
-void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final);
+void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final, int params_only);
 /* Puts the coordinator's parameters, momentum and (Adam) second moments of this part's range
  * (count floats each; second NULL for SGD) in its shards. Returns 0 or -errno. */
 int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity,

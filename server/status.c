@@ -275,6 +275,9 @@ static void server_section(const omv_daemon_t *d, const omv_server_t *s, uint32_
     omv_kv_double(kv, "applies_per_second", s->applies_per_s, 1);
     omv_kv_double(kv, "gradients_per_second", s->pushes_per_s, 1);
     omv_kv_int(kv, "gathers_total", (int64_t)s->gathers);
+    /* What those gathers brought the coordinator: an evaluation's the parameters alone, the
+     * final model's and a checkpoint's the optimizer's state too. */
+    omv_kv_int(kv, "gathered_bytes_total", (int64_t)s->bytes_in);
     omv_kv_int(kv, "last_seen_ms", now - s->last_seen_ms);
 }
 

@@ -218,8 +218,57 @@ static double wait_done_or_dump(omv_strbuf_t *body, int n)
     }
 }
 
-/* The same job with its model on n shard servers; their logs are checked for their ranges. */
-static double train_on_servers(int n, omv_checkpoint_t *ck)
+/* Shard server i's section of a `servers` listing. */
+static const char *server_section(const char *listing, int i)
+{
+    char sock[32];
+    snprintf(sock, sizeof(sock), "/shard%d.sock\n", i);
+    const char *at = strstr(listing, sock);
+    ck_assert_msg(at != NULL, "no shard server %d in %s", i, listing);
+    return at;
+}
+
+/* The parameters each of the n servers holds in the running job. */
+static void server_ranges(int n, double *params)
+{
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    for (int64_t until = omv_time_ms() + 30000;; sleep_ms(20)) {
+        control("servers", &body);
+        int all = 1;
+        for (int i = 0; i < n; i++) {
+            params[i] = field(server_section(omv_strbuf_str(&body), i), "parameters");
+            all &= params[i] > 0;
+        }
+        if (all)
+            break;
+        ck_assert_msg(omv_time_ms() < until, "the servers hold no ranges: %s",
+                      omv_strbuf_str(&body));
+    }
+    omv_strbuf_fini(&body);
+}
+
+/* What the coordinator gathered from each of the n servers (the `servers` listing), which
+ * held params[i] parameters each: an evaluation's gather brings the parameters alone, the
+ * final model's the momentum too (SGD). The job evaluated evals times, the final one among
+ * them. */
+static void check_gathers(const char *listing, int n, const double *params, double evals)
+{
+    ck_assert_msg(evals >= 2, "the job evaluated %.0f times: no periodic evaluation", evals);
+    for (int i = 0; i < n; i++) {
+        const char *at = server_section(listing, i);
+        double gathers = field(at, "gathers_total"), bytes = field(at, "gathered_bytes_total");
+        double want = 4 * params[i] * (evals - 1) + 2 * 4 * params[i];
+        ck_assert_msg(gathers == evals && bytes == want,
+                      "shard server %d (%.0f parameters): %.0f gathers of %.0f bytes in all, for "
+                      "%.0f evaluations (%.0f bytes with the periodic ones' parameters alone)",
+                      i, params[i], gathers, bytes, evals, want);
+    }
+}
+
+/* The same job with its model on n shard servers; their logs are checked for their ranges, and
+ * (where the job writes no checkpoints) what the coordinator gathered from them. */
+static double train_on_servers(int n, omv_checkpoint_t *ck, int checkpoints)
 {
     pid_t d = start_coordinator("servers");
     pid_t s[MAX_PROCS];
@@ -229,9 +278,15 @@ static double train_on_servers(int n, omv_checkpoint_t *ck)
     w[2] = start_evaluator();
     w[0] = start_worker("trainer");
     w[1] = start_worker("trainer");
+    double params[MAX_PROCS];
+    server_ranges(n, params);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     double acc = wait_done_or_dump(&body, n);
+    double evals = field(omv_strbuf_str(&body), "evaluations_total");
+    control("servers", &body);
+    if (!checkpoints) /* a checkpoint's cut gathers too */
+        check_gathers(omv_strbuf_str(&body), n, params, evals);
     omv_strbuf_fini(&body);
     stop_workers(w, 3);
     shutdown_daemon(d);
@@ -262,7 +317,7 @@ START_TEST(test_servers_bit_identical)
     omv_checkpoint_t one, spread;
     double acc_one = train_on_one(&one);
     write_job(2, 2, "groups = 1\nstaleness = none\nshards = 4\nservers = 2\nwire = int8");
-    double acc_spread = train_on_servers(2, &spread);
+    double acc_spread = train_on_servers(2, &spread, 0);
     same_model(&one, &spread);
     ck_assert_msg(acc_one == acc_spread, "accuracy %f on one daemon, %f on servers", acc_one,
                   acc_spread);
@@ -353,7 +408,7 @@ START_TEST(test_servers_checkpoint_is_a_cut)
     snprintf(cluster, sizeof(cluster), "%s\nservers = 2\n[checkpoint]\nevery_steps = 64\nkeep = 20",
              sync);
     write_job(2, 3, cluster);
-    train_on_servers(2, &spread);
+    train_on_servers(2, &spread, 1);
     same_model(&one, &spread);
     /* Checkpoints every 64 steps fall on the evaluations (every epoch: 128 steps): the cut
      * waits for none of them and drops none. */
@@ -466,7 +521,7 @@ START_TEST(test_servers_parts_not_shared)
              servers_ckpt_dir());
     shard_mounts = line;
     shard_mounts_for = 0;
-    train_on_servers(2, &spread);
+    train_on_servers(2, &spread, 1);
     same_model(&one, &spread);
     omv_checkpoint_fini(&spread);
     snprintf(path, sizeof(path), "%s/checkpoint-00000001.omv", servers_ckpt_dir());
@@ -488,7 +543,7 @@ START_TEST(test_servers_parts_not_shared)
     ck_assert_int_eq(system(rm), 0);
     snprintf(line, sizeof(line), "mount -t tmpfs none '%s'", servers_ckpt_dir());
     shard_mounts_for = 1;
-    train_on_servers(2, &spread);
+    train_on_servers(2, &spread, 1);
     shard_mounts = NULL;
     same_model(&one, &spread);
     read_file(path, text, sizeof(text));
@@ -514,7 +569,7 @@ START_TEST(test_servers_three_fp32)
     omv_checkpoint_t one, spread;
     train_on_one(&one);
     write_job(2, 2, "groups = 1\nstaleness = none\nshards = 3\nwire = fp32\nservers = 3");
-    train_on_servers(3, &spread);
+    train_on_servers(3, &spread, 0);
     same_model(&one, &spread);
     omv_checkpoint_fini(&one);
     omv_checkpoint_fini(&spread);

@@ -770,6 +770,12 @@ START_TEST(test_servers_round_trip)
     ck_assert_str_eq(v->part_dir, "/srv/checkpoints/fashion-mlp");
     ck_assert(v->part_seq == 1ULL << 35 && v->part == 1 && v->part_crc == 0xdeadbeef);
     ck_assert(v->part_bytes == 1ULL << 34);
+    /* An evaluation's gather: the parameters alone. */
+    ck_assert_int_eq(v->params_only, 0);
+    u->op = OMV_SERVER_GATHER, u->params_only = 1;
+    round_trip(&m, &d);
+    ck_assert_int_eq(v->params_only, 1);
+    ck_assert_str_eq(omv_server_op_name(v->op), "gather");
     /* Only an absolute folder. */
     uint8_t buf[BUF_CAP];
     char why[OMV_WIRE_REASON_MAX] = "";
