@@ -117,7 +117,8 @@ const omv_config_entry_t omv_job_table[] = {
      "layer)"},
     {"cluster", "progress_timeout_s", DBL(progress_timeout_s), "60", 0.1, 86400, 0,
      "a trainer of a running job that pushes no gradient this long (and waits for no other "
-     "group) is declared dead: heartbeats alone do not hold a place in a group"},
+     "group) is declared dead: heartbeats alone do not hold a place in a group (keep this "
+     "above the longest step)"},
     {"cluster", "start_timeout_s", DBL(start_timeout_s), "60", 0.1, 86400, 0,
      "start with the workers that came (at least one) when not all came within this long"},
     {"eval", "every_epochs", DBL(eval_every_epochs), "0.5", 0, 1000, 0,
