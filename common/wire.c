@@ -42,9 +42,9 @@ static const char *const refuse_names[] = {
     "step", "full",      "role",    "norm",           "auth",
 };
 
-static const char *const server_op_names[] = {"assign", "member",   "start", "gather",
-                                              "end",    "gathered", "stats", "freeze",
-                                              "frozen", "cut",      "resume"};
+static const char *const server_op_names[] = {"assign", "member",   "start",  "gather",
+                                              "end",    "gathered", "stats",  "freeze",
+                                              "frozen", "cut",      "resume", "drop_part"};
 
 const char *omv_server_op_name(omv_server_op_t op)
 {

@@ -185,6 +185,7 @@ typedef enum {
     OMV_SERVER_FROZEN,
     OMV_SERVER_CUT,
     OMV_SERVER_RESUME,
+    OMV_SERVER_DROP_PART,
     OMV_SERVER_OP_COUNT_
 } omv_server_op_t;
 

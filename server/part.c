@@ -278,6 +278,10 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
     case OMV_SERVER_END:
         drop_part(d, "the job is over");
         break;
+    case OMV_SERVER_DROP_PART:
+        if (d->run)
+            omv_run_parts_drop(d->run, u->part_seq);
+        break;
     case OMV_SERVER_FREEZE:
         if (d->run && !backup)
             omv_run_part_freeze(d->run, u->gather_id);

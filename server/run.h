@@ -210,6 +210,8 @@ typedef struct {
     uint8_t parts_how[OMV_WIRE_MAX_SHARDS];
     omv_checkpoint_part_ref_t parts[OMV_WIRE_MAX_SHARDS];
     char cut_part_dir[OMV_WIRE_PATH_MAX];
+    uint64_t part_written_seq; /* a server: the last part it wrote (0: none), and where */
+    char part_written_path[OMV_WIRE_PATH_MAX + 128];
 } omv_run_t;
 
 /* Checks what a run would check without making one: the data set's shape against the model,
@@ -284,6 +286,9 @@ void omv_run_part_start(omv_run_t *self);
 /* The coordinator asks for this server's range: now, or (final) once the job's last step is
  * in. */
 void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final, int params_only);
+/* A shard server: the coordinator cannot see the part it wrote for checkpoint seq (DROP_PART):
+ * it is removed, if it is the last one written here (run_parts.c). */
+void omv_run_parts_drop(omv_run_t *self, uint64_t seq);
 /* Puts the coordinator's parameters, momentum and (Adam) second moments of this part's range
  * (count floats each; second NULL for SGD) in its shards. Returns 0 or -errno. */
 int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity,

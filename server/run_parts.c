@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "checkpoint_parts.h"
 #include "log.h"
@@ -82,6 +83,10 @@ int omv_run_parts_send(omv_run_t *r, uint64_t gather_id)
     omv_log_info("checkpoint %" PRIu64 ": shards [%u, %u) written as a part in %.0f ms (%" PRIu64
                  " bytes)",
                  r->cut_seq, first, last, (omv_time_s() - t0) * 1000.0, ref.bytes);
+    char name[128];
+    omv_checkpoint_part_name(r->cut_seq, first, last, name, sizeof(name));
+    snprintf(r->part_written_path, sizeof(r->part_written_path), "%s/%s", r->cut_part_dir, name);
+    r->part_written_seq = r->cut_seq;
     omv_msg_t msg;
     omv_server_msg_t *u = omv_run_gathered_msg(r, &msg, gather_id);
     u->part = 1;
@@ -94,6 +99,21 @@ int omv_run_parts_send(omv_run_t *r, uint64_t gather_id)
         omv_log_error("cannot tell the coordinator of checkpoint %" PRIu64 "'s part: %s",
                       r->cut_seq, omv_strerror(e));
     return 0; /* written: the coordinator hears of it, or the cut is given up */
+}
+
+void omv_run_parts_drop(omv_run_t *r, uint64_t seq)
+{
+    if (seq == 0 || seq != r->part_written_seq)
+        return;
+    r->part_written_seq = 0;
+    if (unlink(r->part_written_path) < 0 && errno != ENOENT) {
+        omv_log_warn("cannot remove %s, which the coordinator cannot see: %s", r->part_written_path,
+                     strerror(errno));
+        return;
+    }
+    omv_log_warn("removed %s, checkpoint %" PRIu64 "'s part of shards [%u, %u): the coordinator "
+                 "cannot see this folder",
+                 r->part_written_path, seq, r->part.first, r->part.last);
 }
 
 /* Server s's range as this cut's part, come as how (OMV_RUN_PART_*). */
@@ -184,6 +204,28 @@ static int settle_part(omv_run_t *r, omv_checkpoint_part_ref_t *ref, int how, ch
     return seen ? -EIO : NOT_SHARED;
 }
 
+/* Parts are off: every part a server wrote for this cut that the coordinator cannot see is on
+ * that server's own storage, which no checkpoint will name: the server removes it. */
+static void drop_unseen(omv_run_t *r)
+{
+    for (uint32_t i = 0; i < r->n_servers; i++) {
+        omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
+        if (s->first >= OMV_WIRE_MAX_SHARDS || r->parts_how[s->first] != OMV_RUN_PART_WRITTEN)
+            continue;
+        char name[128], path[OMV_JOB_PATH_MAX + 160];
+        omv_checkpoint_part_name(r->cut_seq, s->first, s->last, name, sizeof(name));
+        snprintf(path, sizeof(path), "%s/%s", r->ckpt.dir, name);
+        struct stat st;
+        if (stat(path, &st) == 0)
+            continue;
+        omv_msg_t msg = {.type = OMV_MSG_SERVER};
+        msg.u.server.op = OMV_SERVER_DROP_PART;
+        msg.u.server.part_seq = r->cut_seq;
+        if (omv_servers_send(r->env.servers, r->env.router, s, &msg, NULL) < 0)
+            omv_log_warn("cannot tell shard server %u to remove its part", r->server_ids[i]);
+    }
+}
+
 int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
 {
     omv_checkpoint_part_ref_t refs[OMV_WIRE_MAX_SHARDS];
@@ -206,6 +248,7 @@ int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
     int again = e == NOT_SHARED && !r->parts_off;
     if (again) {
         r->parts_off = 1;
+        drop_unseen(r);
         omv_log_warn("job '%s': %s; from now on the servers send their ranges to the coordinator, "
                      "which writes every checkpoint itself",
                      r->job.name, err);

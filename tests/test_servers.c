@@ -551,6 +551,16 @@ START_TEST(test_servers_parts_not_shared)
                                  "storage the coordinator and the servers share") &&
                       has_text(text, "from now on the servers send their ranges"),
                   "%s", text);
+    /* The part the second server wrote on its own storage, which no checkpoint names, is
+     * removed at the coordinator's word; the first server's, in the shared folder, is not. */
+    snprintf(path, sizeof(path), "%s/shard1.log", test_dir);
+    read_file(path, text, sizeof(text));
+    ck_assert_msg(has_text(text, "checkpoint 1's part of shards [") &&
+                      has_text(text, "the coordinator cannot see this folder"),
+                  "%s", text);
+    snprintf(path, sizeof(path), "%s/shard0.log", test_dir);
+    read_file(path, text, sizeof(text));
+    ck_assert_msg(!has_text(text, "the coordinator cannot see this folder"), "%s", text);
     snprintf(path, sizeof(path), "%s/checkpoint-00000002.omv", servers_ckpt_dir());
     ck_assert_msg(omv_checkpoint_read(&ck, path, err) == 0, "%s", err);
     ck_assert_uint_eq(ck.n_parts, 0);

@@ -776,6 +776,11 @@ START_TEST(test_servers_round_trip)
     round_trip(&m, &d);
     ck_assert_int_eq(v->params_only, 1);
     ck_assert_str_eq(omv_server_op_name(v->op), "gather");
+    /* A part the coordinator cannot see is removed by its server. */
+    u->op = OMV_SERVER_DROP_PART;
+    round_trip(&m, &d);
+    ck_assert(v->op == OMV_SERVER_DROP_PART && v->part_seq == 1ULL << 35);
+    ck_assert_str_eq(omv_server_op_name(v->op), "drop_part");
     /* Only an absolute folder. */
     uint8_t buf[BUF_CAP];
     char why[OMV_WIRE_REASON_MAX] = "";
