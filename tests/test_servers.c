@@ -1144,6 +1144,17 @@ static int holder_of(const char *role, int first, int n)
     return found;
 }
 
+/* SIGKILLs the shard server (of 4, s) that holds role for the range that starts at shard first;
+ * returns which it was. */
+static int kill_holder(const char *role, int first, pid_t s[4])
+{
+    int victim = holder_of(role, first, 4);
+    ck_assert_msg(victim >= 0, "no %s of shard %d", role, first);
+    kill(s[victim], SIGKILL);
+    waitpid(s[victim], NULL, 0);
+    return victim;
+}
+
 /* A job of epochs over 2 ranges x 2 copies (no periodic checkpoints): the coordinator (*d),
  * 4 shard servers (s) and 2 trainers and an evaluator (w). */
 static void start_replicated(int epochs, pid_t *d, pid_t s[4], pid_t w[3])
@@ -1247,10 +1258,7 @@ START_TEST(test_servers_failover_slow_steps)
         now = status_field("steps_total");
     ck_assert_msg(now > steps, "no step in 10 s");
     sleep_ms(300); /* the step's parameters are all out: it is under way */
-    int victim = holder_of("primary", 1, 4);
-    ck_assert_msg(victim >= 0, "no primary of shard 1");
-    kill(s[victim], SIGKILL);
-    waitpid(s[victim], NULL, 0);
+    int victim = kill_holder("primary", 1, s);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     wait_done_or_dump(&body, 4);
@@ -1298,10 +1306,7 @@ START_TEST(test_servers_backup_lost_with_churn)
     wait_status("joins_total", 3, 20000);
     double steps = wait_status("steps_total", 0, 1000);
     wait_status("steps_total", steps + 200, 60000);
-    int victim = holder_of("backup", 0, 4);
-    ck_assert_msg(victim >= 0, "no backup of shard 0");
-    kill(s[victim], SIGKILL);
-    waitpid(s[victim], NULL, 0);
+    int victim = kill_holder("backup", 0, s);
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     double acc = wait_done_or_dump(&body, 4);
