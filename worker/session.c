@@ -703,8 +703,11 @@ static int prepare(session_t *s, uint32_t batch)
         omv_net_set_tick(s->net, heartbeat_tick, s);
     send_heartbeat_if_due(s);
     s->params = malloc(j->param_count * sizeof(float));
-    s->grad = malloc(j->param_count * sizeof(float));
-    s->grad16 = malloc(j->param_count * sizeof(uint16_t));
+    if (trainer) { /* an evaluator computes no gradient */
+        s->grad = malloc(j->param_count * sizeof(float));
+        s->grad16 = malloc(j->param_count * sizeof(uint16_t));
+    }
+    send_heartbeat_if_due(s);
     if (j->wire == OMV_WIRE_INT8 && trainer) {
         uint32_t most = 0;
         for (uint32_t sh = 0; sh < j->n_shards; sh++)
@@ -717,8 +720,9 @@ static int prepare(session_t *s, uint32_t batch)
     s->y = malloc(batch);
     s->got = calloc(j->n_shards, 1);
     s->pushed = calloc(j->n_shards, 1);
-    if (!s->net || !s->params || !s->grad || !s->grad16 || !s->x || !s->y || !s->got ||
-        !s->pushed || (j->wire == OMV_WIRE_INT8 && trainer && (!s->grad8 || !s->residual))) {
+    if (!s->net || !s->params || (trainer && (!s->grad || !s->grad16)) || !s->x || !s->y ||
+        !s->got || !s->pushed ||
+        (j->wire == OMV_WIRE_INT8 && trainer && (!s->grad8 || !s->residual))) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
