@@ -697,10 +697,10 @@ static int prepare(session_t *s, uint32_t batch)
         return r;
     send_heartbeat_if_due(s); /* a large model takes a while to make */
     s->net = omv_net_new_threads(&s->layout, batch, (uint32_t)s->cfg->threads);
-    if (s->net != NULL)
+    if (s->net != NULL) {
         omv_net_seed(s->net, j->seed ^ ((uint64_t)s->worker_id << 40));
-    if (s->net != NULL)
         omv_net_set_tick(s->net, heartbeat_tick, s);
+    }
     send_heartbeat_if_due(s);
     s->params = malloc(j->param_count * sizeof(float));
     if (trainer) { /* an evaluator computes no gradient */
@@ -973,7 +973,7 @@ static int begin_step(session_t *s, uint64_t *step_p)
 }
 
 /* Sleeps seconds, as a slower device would compute (unless a signal asks to stop), with a
- * heartbeat when one is due, as a real step's layers send them (hook_need, hook_ready). */
+ * heartbeat when one is due, as a real step's layers send them (heartbeat_tick). */
 static void sleep_s(session_t *s, double seconds)
 {
     double until = omv_time_s() + seconds;
