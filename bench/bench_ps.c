@@ -360,7 +360,7 @@ static void push_msg(const worker_t *w, uint32_t shard, omv_msg_t *m)
 static int send_pulls(worker_t *w, uint64_t step)
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
-    m.u.pull = (omv_pull_t){w->worker_id, step};
+    m.u.pull = (omv_pull_t){w->worker_id, step, 0};
     for (int l = 0; l < w->c->n_links; l++)
         if (send_msg(w, w->data[l], &m, NULL) < 0)
             return -EPROTO;

@@ -110,7 +110,8 @@ const omv_config_entry_t omv_job_table[] = {
      "how parameters and gradients travel: bf16 (half the bytes, rounded to nearest even; the "
      "daemon keeps and updates fp32), fp32 (exact), or int8 (gradients as int8 with a scale "
      "per 64 values, about a quarter of the bytes, the rounding error carried into the worker's "
-     "next gradient; parameters as bf16)"},
+     "next gradient; parameters as int8 changes to a copy each worker keeps, which the server "
+     "keeps too (4 bytes a parameter a worker), so the rounding goes with the next change)"},
     {"cluster", "worker_timeout_s", DBL(worker_timeout_s), "10", 0.1, 3600, 0,
      "a worker silent this long is declared dead (a trainer computing a step sends a heartbeat "
      "between its layers, once a second at most: keep this above a second and the longest "

@@ -1,4 +1,4 @@
-/* int8 gradients with a scale per block. */
+/* int8 values with a scale per block: gradients, and changes to parameters. */
 #include "q8.h"
 
 #include <float.h>
@@ -81,5 +81,37 @@ HOT void omv_q8_decode(float *dst, const void *src, size_t n)
         memcpy(&scale, scales + b * sizeof(float), sizeof(scale));
         for (size_t i = 0; i < len; i++)
             dst[at + i] = (float)q[at + i] * scale;
+    }
+}
+
+HOT void omv_q8_encode_delta(void *dst, const float *params, float *view, size_t n)
+{
+    size_t blocks = omv_q8_blocks(n);
+    unsigned char *scales = dst;
+    int8_t *q = (int8_t *)(scales + blocks * sizeof(float));
+    float v[OMV_Q8_BLOCK];
+    for (size_t b = 0; b < blocks; b++) {
+        size_t at = b * OMV_Q8_BLOCK, len = n - at < OMV_Q8_BLOCK ? n - at : OMV_Q8_BLOCK;
+        for (size_t i = 0; i < len; i++)
+            v[i] = params[at + i] - view[at + i];
+        float scale;
+        encode_block(q + at, &scale, v, NULL, len);
+        memcpy(scales + b * sizeof(float), &scale, sizeof(scale));
+        for (size_t i = 0; i < len; i++) /* omv_q8_add's sum, so that the views agree */
+            view[at + i] += (float)q[at + i] * scale;
+    }
+}
+
+HOT void omv_q8_add(float *view, const void *src, size_t n)
+{
+    size_t blocks = omv_q8_blocks(n);
+    const unsigned char *scales = src;
+    const int8_t *q = (const int8_t *)(scales + blocks * sizeof(float));
+    for (size_t b = 0; b < blocks; b++) {
+        size_t at = b * OMV_Q8_BLOCK, len = n - at < OMV_Q8_BLOCK ? n - at : OMV_Q8_BLOCK;
+        float scale;
+        memcpy(&scale, scales + b * sizeof(float), sizeof(scale));
+        for (size_t i = 0; i < len; i++)
+            view[at + i] += (float)q[at + i] * scale;
     }
 }

@@ -226,6 +226,8 @@ static Omnivore__Params *encode_params(const omv_params_t *p, Omnivore__Params *
     out->batch = p->batch;
     out->wire = p->wire;
     out->shared = p->shared;
+    out->view = p->view;
+    out->view_seq = p->view_seq;
     return out;
 }
 
@@ -340,6 +342,7 @@ static int encode_body(const omv_msg_t *msg, Omnivore__Envelope *env, bodies_t *
         b->u.pull = (Omnivore__Pull)OMNIVORE__PULL__INIT;
         b->u.pull.worker_id = msg->u.pull.worker_id;
         b->u.pull.step = msg->u.pull.step;
+        b->u.pull.view = msg->u.pull.view;
         env->pull = &b->u.pull;
         return 0;
     case OMV_MSG_PARAMS:
@@ -593,6 +596,23 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     return copy_str(m->key, sizeof(m->key), s->key, "key", why);
 }
 
+static int decode_params(const Omnivore__Params *p, omv_params_t *out, char *why)
+{
+    if (p->wire > OMV_WIRE_INT8)
+        FAIL("parameters' wire %u is not fp32 (0), bf16 (1), shm (2) or int8 (3)", p->wire);
+    if (p->shared > 1 || (p->shared && p->wire != OMV_WIRE_SHM))
+        FAIL("parameters' shared is %u with wire %u: only shm (2) parameters are shared", p->shared,
+             p->wire);
+    if (p->wire == OMV_WIRE_INT8 ? p->view == 0 || p->view_seq == 0
+                                 : p->view_seq != 0 || (p->view && p->wire != OMV_WIRE_FP32))
+        FAIL("parameters' view %llu, change %u with wire %u: int8 parameters are a change "
+             "(> 0) to a view (not 0), which fp32 ones start (change 0)",
+             (unsigned long long)p->view, p->view_seq, p->wire);
+    *out = (omv_params_t){p->step,        p->shard, p->offset, p->count,  p->group, p->slice_begin,
+                          p->slice_count, p->batch, p->wire,   p->shared, p->view,  p->view_seq};
+    return 0;
+}
+
 static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
 {
     switch (env->body_case) {
@@ -644,19 +664,10 @@ static int decode_body(const Omnivore__Envelope *env, omv_msg_t *m, char *why)
     case OMNIVORE__ENVELOPE__BODY_PULL:
         m->u.pull.worker_id = env->pull->worker_id;
         m->u.pull.step = env->pull->step;
+        m->u.pull.view = env->pull->view;
         return 0;
-    case OMNIVORE__ENVELOPE__BODY_PARAMS: {
-        const Omnivore__Params *p = env->params;
-        if (p->wire > OMV_WIRE_SHM)
-            FAIL("parameters' wire %u is not fp32 (0), bf16 (1) or shm (2)", p->wire);
-        if (p->shared > 1 || (p->shared && p->wire != OMV_WIRE_SHM))
-            FAIL("parameters' shared is %u with wire %u: only shm (2) parameters are shared",
-                 p->shared, p->wire);
-        m->u.params =
-            (omv_params_t){p->step,        p->shard,       p->offset, p->count, p->group,
-                           p->slice_begin, p->slice_count, p->batch,  p->wire,  p->shared};
-        return 0;
-    }
+    case OMNIVORE__ENVELOPE__BODY_PARAMS:
+        return decode_params(env->params, &m->u.params, why);
     case OMNIVORE__ENVELOPE__BODY_PUSH: {
         const Omnivore__Push *p = env->push;
         if (p->wire > OMV_WIRE_INT8)

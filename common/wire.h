@@ -11,7 +11,7 @@
 #include "q8.h"
 
 /* Bump when a message changes meaning; Hello and Welcome carry it, a mismatch is refused. */
-#define OMV_PROTOCOL_VERSION 8
+#define OMV_PROTOCOL_VERSION 9
 
 /* An envelope larger than this is refused before it is parsed; payloads travel in frame 2. */
 #define OMV_WIRE_MAX_ENVELOPE (64 * 1024)
@@ -21,9 +21,9 @@
 
 /* How parameters and gradients travel ([cluster] wire): the daemon keeps fp32 either way.
  * OMV_WIRE_SHM (Params and Push only): the fp32 values are in the worker's shared segments
- * (common/shm.h) at the message's offset, and no payload frame follows. OMV_WIRE_INT8 (Push
- * only, common/q8.h): int8 values with a scale per block; a job with that wire sends its
- * parameters as bf16. */
+ * (common/shm.h) at the message's offset, and no payload frame follows. OMV_WIRE_INT8
+ * (common/q8.h): int8 values with a scale per block: a gradient, or a change to the worker's
+ * view of a shard (Params; a job with that wire starts each view with fp32). */
 enum { OMV_WIRE_FP32 = 0, OMV_WIRE_BF16 = 1, OMV_WIRE_SHM = 2, OMV_WIRE_INT8 = 3 };
 
 /* Bytes count values take on wire (none in shared memory). */
@@ -35,10 +35,11 @@ static inline size_t omv_wire_value_bytes(uint32_t wire, size_t count)
                                    : count * 4;
 }
 
-/* How a job of [cluster] wire sends parameters: int8 is for gradients only. */
+/* How a job of [cluster] wire sends whole parameters: int8 starts each worker's view with
+ * exact ones, then sends changes (OMV_WIRE_INT8). */
 static inline uint32_t omv_wire_of_params(uint32_t job_wire)
 {
-    return job_wire == OMV_WIRE_INT8 ? OMV_WIRE_BF16 : job_wire;
+    return job_wire == OMV_WIRE_INT8 ? OMV_WIRE_FP32 : job_wire;
 }
 /* The name of a daemon's shared-memory socket (abstract, so per network namespace). */
 #define OMV_WIRE_SHM_NAME_MAX 96
@@ -240,6 +241,7 @@ typedef struct {
 typedef struct {
     uint32_t worker_id;
     uint64_t step;
+    uint64_t view; /* wire int8: the view it holds from this daemon (0: none) */
 } omv_pull_t;
 
 typedef struct {
@@ -250,6 +252,10 @@ typedef struct {
     uint32_t batch;  /* images to compute this step */
     uint32_t wire;   /* OMV_WIRE_*: how the values are stored */
     uint32_t shared; /* wire OMV_WIRE_SHM: in the model segment, not the worker's (common/shm.h) */
+    /* Job wire int8: fp32 with view set starts the worker's view of the shard (view_seq 0);
+     * OMV_WIRE_INT8 is its view_seq-th change since (common/q8.h). */
+    uint64_t view;
+    uint32_t view_seq;
 } omv_params_t;
 
 typedef struct {

@@ -52,7 +52,11 @@ typedef struct {
     /* A trainer on the daemon's host: its shared segments (common/shm.h), while shm_on. */
     uint64_t shm_token;    /* what its Welcome offered; 0: nothing offered */
     uint64_t attach_token; /* the model on shard servers: what its Attach to them carries */
-    int join_pending;      /* a trainer that joins a job on shard servers at the next cut */
+    /* Job wire int8 over sockets: the view of the parameters the shards keep for it (common/
+     * q8.h), and whether its pull under way starts a new one (the shards send them whole). */
+    uint64_t view_token;
+    int view_new;
+    int join_pending; /* a trainer that joins a job on shard servers at the next cut */
     int join_rejoin;
     /* Its reports of steps after its group's current one, which came before the other members'
      * reports of the current step: they travel on other connections than the gradients, which

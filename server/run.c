@@ -241,6 +241,12 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
     m->parked = 0;
     if (m->shm_on && omv_shardset_sync(r->shards) == 0)
         omv_members_shm_release(m); /* else kept: a shard may still write into it */
+    if (m->view_token && !remote(r) && r->shards) {
+        omv_shard_cmd_t forget = {.type = OMV_SHARD_CMD_FORGET,
+                                  .worker_id = omv_members_id(r->env.members, m)};
+        omv_shardset_send_all(r->shards, &forget, NULL);
+        m->view_token = 0;
+    }
     if (was != MEMBER_ALIVE)
         return; /* idle: in no job */
     if (m->role == OMV_ROLE_TRAINER) {
@@ -814,9 +820,13 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
         begin_serve(r, m, group, m->parked_step);
         r->serves_total++;
     }
-    if (!m->shm_on)
-        r->bytes_out_total +=
-            omv_wire_value_bytes(omv_wire_of_params(r->job.wire), r->shards->shards[s].count);
+    /* With wire int8 a worker that reads over a socket is sent changes to its view, and the
+     * whole shard when that view begins. */
+    int change = r->job.wire == OMV_WIRE_INT8 && !m->shm_on;
+    uint32_t wire = m->shm_on ? OMV_WIRE_SHM
+                    : change  ? (m->view_new ? OMV_WIRE_FP32 : OMV_WIRE_INT8)
+                              : omv_wire_of_params(r->job.wire);
+    r->bytes_out_total += omv_wire_value_bytes(wire, r->shards->shards[s].count);
     /* A worker on this host with its segments gets the values written into them. */
     omv_shard_cmd_t cmd = {.type = OMV_SHARD_CMD_SERVE,
                            .group = group,
@@ -825,7 +835,8 @@ static int serve_shard(omv_run_t *r, member_t *m, uint32_t group, uint32_t s)
                            .slice_begin = m->slice_begin,
                            .slice_count = m->slice_count,
                            .batch = m->batch ? m->batch : 1,
-                           .wire = m->shm_on ? OMV_WIRE_SHM : omv_wire_of_params(r->job.wire),
+                           .wire = change ? OMV_WIRE_INT8 : wire,
+                           .view = m->view_token,
                            .shm_dst = m->shm_on ? m->shm_params : NULL,
                            .shm_send = (uint32_t)m->shm_on,
                            .shm_conn = m->shm_on ? m->shm_conn : -1,
@@ -921,6 +932,11 @@ void omv_run_pull(omv_run_t *r, member_t *m, const omv_pull_t *p)
         omv_refusals_add(r->env.refusals, &m->peer, OMV_REFUSE_STEP, m->host, why);
         return;
     }
+    /* Wire int8: the shards send changes to the view the worker names, when it is the one
+     * they keep for it; any other starts a new view, which they send whole. */
+    m->view_new = p->view == 0 || p->view != m->view_token;
+    if (r->job.wire == OMV_WIRE_INT8 && m->view_new)
+        m->view_token = omv_random_token(m);
     /* Answered by omv_run_progress once the group and the bound allow; at the end, Stop does. */
     m->parked = 1;
     m->parked_step = p->step;
@@ -1239,8 +1255,30 @@ static void start(omv_run_t *r, const char *why)
                  (double)r->job.epochs);
 }
 
+/* Wire int8: how the parameters went to the workers over sockets, and the views kept for it. */
+static void log_views(const omv_run_t *r)
+{
+    if (r->job.wire != OMV_WIRE_INT8 || remote(r) || r->shards == NULL)
+        return;
+    omv_shard_views_t all = {0};
+    for (uint32_t s = shard_lo(r); s < shard_hi(r); s++) {
+        omv_shard_views_t v;
+        omv_shard_thread_views(r->shards->threads[s], &v);
+        all.views += v.views;
+        all.bytes += v.bytes;
+        all.changes += v.changes;
+        all.wholes += v.wholes;
+    }
+    if (all.changes + all.wholes > 0)
+        omv_log_info("job '%s': shards were sent as %llu int8 changes and %llu whole; %llu views "
+                     "of shards are kept for the workers (%.1f MB)",
+                     r->job.name, (unsigned long long)all.changes, (unsigned long long)all.wholes,
+                     (unsigned long long)all.views, (double)all.bytes / 1e6);
+}
+
 static void log_end(omv_run_t *r, job_state_t state, const char *why)
 {
+    log_views(r);
     if (state == JOB_DONE) {
         double train_s = omv_run_train_seconds(r);
         omv_log_info("job '%s' done: test_accuracy %.4f, %.2f epochs, %.1f s, %.0f images/s",
@@ -1862,8 +1900,9 @@ static int setup_model(omv_run_t *r)
                  "%u per worker step; %s",
                  j->name, j->layers_text[0] ? j->layers_text : j->definition, r->layout.param_count,
                  r->shards->n_shards, r->train_count, r->worker_batch,
-                 j->wire == OMV_WIRE_INT8   ? "parameters travel as bf16, gradients as int8 (a "
-                                              "scale per 64 values, error feedback)"
+                 j->wire == OMV_WIRE_INT8
+                     ? "gradients travel as int8 (a scale per 64 values, error feedback), "
+                       "parameters as int8 changes to each worker's copy"
                  : j->wire == OMV_WIRE_BF16 ? "parameters and gradients travel as bf16"
                                             : "parameters and gradients travel as fp32");
     int bn = r->layout.state_offset < r->layout.param_count;

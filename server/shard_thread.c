@@ -12,6 +12,7 @@
 
 #include "bf16.h"
 #include "log.h"
+#include "q8.h"
 #include "shm.h"
 #include "util.h"
 #include "wire.h"
@@ -26,6 +27,27 @@ typedef struct {
     uint64_t version; /* the shard's version it holds */
     uint32_t wire;    /* OMV_WIRE_*: how data holds it */
 } snapshot_t;
+
+/* Job wire int8: the parameters as a worker holds them (its view, common/q8.h), which the
+ * changes it is sent are taken against. The members of a synchronous group are sent the same
+ * versions, so their views are equal: they share one, which the first of them to be served a
+ * version changes, keeping the change's bytes for the others. A view's lineage names its values:
+ * a hash of the version it began at and of each version it was changed to since. */
+typedef struct view {
+    struct view *next;
+    uint32_t refs;          /* readers that hold it */
+    uint64_t lineage, from; /* its values now, and before its last change (0: none) */
+    unsigned char *change;  /* [omv_q8_bytes(count)] that last change */
+    float values[];
+} view_t;
+
+/* A worker's view as its Params name it. */
+typedef struct {
+    uint64_t id;      /* the Params' view (0: none) */
+    uint32_t seq;     /* changes sent since it began */
+    uint64_t lineage; /* the values the worker holds: v's, or v's before its last change */
+    view_t *v;
+} reader_t;
 
 /* Writes the shard's parameters into dst as wire asks. */
 static void export_params(const omv_shard_t *sh, void *dst, uint32_t wire)
@@ -56,6 +78,9 @@ struct omv_shard_thread {
      * whichever thread closes the last message that holds one). */
     atomic_uint_fast64_t copies_made, copies_freed;
     atomic_uint_fast64_t applies, summed; /* APPLY commands run; gradients added to sums */
+    reader_t *readers;                    /* [OMV_SHARD_VIEWS_MAX + 1] by worker id */
+    view_t *views;                        /* every view a reader holds */
+    atomic_uint_fast64_t n_views, changes_sent, wholes_sent;
     uint8_t extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 };
 
@@ -319,14 +344,145 @@ static void serve_shm(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, cons
     reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, NULL);
 }
 
+static uint64_t lineage_next(uint64_t lineage, uint64_t version)
+{
+    uint64_t z = lineage ^ (version + 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return z ? z : 1;
+}
+
+/* The reader lets go of its view; the last one frees it. */
+static void drop_view(omv_shard_thread_t *self, reader_t *rd)
+{
+    view_t *v = rd->v;
+    rd->v = NULL;
+    rd->id = 0;
+    if (v == NULL || --v->refs > 0)
+        return;
+    for (view_t **p = &self->views; *p; p = &(*p)->next)
+        if (*p == v) {
+            *p = v->next;
+            break;
+        }
+    free(v->change);
+    free(v);
+    atomic_fetch_sub_explicit(&self->n_views, 1, memory_order_relaxed);
+}
+
+static void forget_view(omv_shard_thread_t *self, uint32_t worker_id)
+{
+    if (worker_id <= OMV_SHARD_VIEWS_MAX)
+        drop_view(self, &self->readers[worker_id]);
+}
+
+/* A view that begins with the parameters as they are: one another reader began at this
+ * version and has not changed yet, or a new one. NULL when there is no memory for it. */
+static view_t *begin_view(omv_shard_thread_t *self, uint64_t lineage)
+{
+    const omv_shard_t *sh = self->shard;
+    for (view_t *v = self->views; v; v = v->next)
+        if (v->lineage == lineage && v->from == 0) {
+            v->refs++;
+            return v;
+        }
+    view_t *v = malloc(sizeof(*v) + (sh->count ? sh->count : 1) * sizeof(float));
+    unsigned char *change = v ? malloc(omv_q8_bytes(sh->count ? sh->count : 1)) : NULL;
+    if (change == NULL) {
+        free(v);
+        return NULL;
+    }
+    *v = (view_t){self->views, 1, lineage, 0, change};
+    memcpy(v->values, sh->params, sh->count * sizeof(float));
+    self->views = v;
+    atomic_fetch_add_explicit(&self->n_views, 1, memory_order_relaxed);
+    return v;
+}
+
+/* Writes the worker's next Params values into dst (room for the whole shard as fp32): the
+ * change from its view to the parameters as they are (its group's first member to ask makes
+ * it; the others take its bytes), or, to begin a view (a new one named, or its view changed
+ * by a member that was sent another version: it left the group), the whole shard. Sets the
+ * message's wire and view. Returns 0, or -ENOMEM. */
+static int next_view(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_params_t *p,
+                     void *dst)
+{
+    const omv_shard_t *sh = self->shard;
+    if (cmd->worker_id == 0 || cmd->worker_id > OMV_SHARD_VIEWS_MAX)
+        return -EINVAL;
+    reader_t *rd = &self->readers[cmd->worker_id];
+    view_t *v = rd->id == cmd->view ? rd->v : NULL;
+    uint64_t target = v ? lineage_next(rd->lineage, self->version) : 0;
+    if (v && v->lineage == rd->lineage) {
+        omv_q8_encode_delta(v->change, sh->params, v->values, sh->count);
+        v->from = rd->lineage;
+        v->lineage = target;
+    } else if (!(v && v->from == rd->lineage && v->lineage == target)) {
+        drop_view(self, rd);
+        target = lineage_next(0, self->version);
+        v = begin_view(self, target);
+        if (v == NULL)
+            return -ENOMEM;
+        *rd = (reader_t){cmd->view, 0, target, v};
+        memcpy(dst, v->values, sh->count * sizeof(float));
+        p->wire = OMV_WIRE_FP32;
+        p->view = rd->id;
+        p->view_seq = 0;
+        atomic_fetch_add_explicit(&self->wholes_sent, 1, memory_order_relaxed);
+        return 0;
+    }
+    memcpy(dst, v->change, omv_q8_bytes(sh->count));
+    rd->lineage = target;
+    rd->seq++;
+    p->wire = OMV_WIRE_INT8;
+    p->view = rd->id;
+    p->view_seq = rd->seq;
+    atomic_fetch_add_explicit(&self->changes_sent, 1, memory_order_relaxed);
+    return 0;
+}
+
+/* Answers a pull of a job of wire int8 with the change from the worker's view, or the whole
+ * shard to begin one (next_view), in a copy of its own. */
+static void serve_change(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_msg_t *m,
+                         const uint8_t *peer, size_t peer_len)
+{
+    omv_shard_t *sh = self->shard;
+    void *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
+    int r = copy ? next_view(self, cmd, &m->u.params, copy) : -ENOMEM;
+    uint8_t env[1024];
+    size_t env_len;
+    omv_payload_t payload;
+    if (r == 0)
+        r = omv_wire_encode(m, env, sizeof(env), &env_len);
+    if (r == 0) {
+        r = omv_payload_init_shared(
+            &payload, copy, omv_wire_value_bytes(m->u.params.wire, sh->count), release_copy, self);
+        if (r == 0)
+            atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
+    }
+    if (r < 0) {
+        free(copy);
+        omv_log_error("shard %u cannot answer worker %u's pull: %s", self->index, cmd->worker_id,
+                      omv_strerror(r));
+        return;
+    }
+    atomic_fetch_add_explicit(&self->serves, 1, memory_order_relaxed);
+    reply(self, OMV_SHARD_REPLY_OUT, cmd, peer, peer_len, env, env_len, &payload);
+}
+
 static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const uint8_t *peer,
                      size_t peer_len)
 {
     omv_shard_t *sh = self->shard;
     omv_msg_t m = {.type = OMV_MSG_PARAMS};
-    m.u.params =
-        (omv_params_t){cmd->step,        self->index,      sh->offset, sh->count, cmd->group,
-                       cmd->slice_begin, cmd->slice_count, cmd->batch, cmd->wire, cmd->shm_inplace};
+    m.u.params = (omv_params_t){
+        cmd->step,        self->index, sh->offset, sh->count,        cmd->group, cmd->slice_begin,
+        cmd->slice_count, cmd->batch,  cmd->wire,  cmd->shm_inplace, 0,          0};
+    if (cmd->wire == OMV_WIRE_INT8) {
+        serve_change(self, cmd, &m, peer, peer_len);
+        return;
+    }
     size_t bytes = omv_wire_value_bytes(cmd->wire, sh->count);
     uint8_t env[1024];
     size_t env_len;
@@ -439,6 +595,9 @@ static int handle(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const ui
         gather(self, cmd);
         reply(self, OMV_SHARD_REPLY_ACK, cmd, NULL, 0, NULL, 0, NULL);
         break;
+    case OMV_SHARD_CMD_FORGET:
+        forget_view(self, cmd->worker_id);
+        break;
     case OMV_SHARD_CMD_RESTORE:
         restore(self, cmd);
         self->version++; /* snapshots of the old parameters must not answer pulls */
@@ -520,14 +679,19 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     self->counted = calloc(shard->n_groups ? shard->n_groups : 1, sizeof(uint32_t));
     self->done = calloc(shard->n_groups ? shard->n_groups : 1, 1);
     self->scratch = malloc((shard->count ? shard->count : 1) * sizeof(float));
+    self->readers = calloc(OMV_SHARD_VIEWS_MAX + 1, sizeof(reader_t));
     atomic_init(&self->snapshots_made, 0);
     atomic_init(&self->serves, 0);
     atomic_init(&self->copies_made, 0);
     atomic_init(&self->copies_freed, 0);
     atomic_init(&self->applies, 0);
     atomic_init(&self->summed, 0);
+    atomic_init(&self->n_views, 0);
+    atomic_init(&self->changes_sent, 0);
+    atomic_init(&self->wholes_sent, 0);
     int r = -ENOMEM;
-    if (self->counted == NULL || self->done == NULL || self->scratch == NULL)
+    if (self->counted == NULL || self->done == NULL || self->scratch == NULL ||
+        self->readers == NULL)
         goto fail;
     r = omv_router_pipe(router, &self->loop_end, &self->mine);
     if (r < 0)
@@ -551,6 +715,7 @@ fail:
     free(self->counted);
     free(self->done);
     free(self->scratch);
+    free(self->readers);
     free(self);
     errno = -r;
     return NULL;
@@ -579,6 +744,9 @@ void omv_shard_thread_destroy(omv_shard_thread_t **self_p)
     omv_shard_thread_stop(self);
     for (int i = 0; i < self->n_snaps; i++)
         free(self->snaps[i].data);
+    for (uint32_t id = 0; id <= OMV_SHARD_VIEWS_MAX; id++)
+        drop_view(self, &self->readers[id]);
+    free(self->readers);
     free(self->counted);
     free(self->done);
     free(self->scratch);
@@ -625,6 +793,16 @@ void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_appli
     omv_shard_thread_t *me = (omv_shard_thread_t *)self;
     *ret_applies = atomic_load_explicit(&me->applies, memory_order_relaxed);
     *ret_summed = atomic_load_explicit(&me->summed, memory_order_relaxed);
+}
+
+void omv_shard_thread_views(const omv_shard_thread_t *self, omv_shard_views_t *ret)
+{
+    omv_shard_thread_t *me = (omv_shard_thread_t *)self;
+    ret->views = atomic_load_explicit(&me->n_views, memory_order_relaxed);
+    ret->bytes =
+        ret->views * (self->shard->count * sizeof(float) + omv_q8_bytes(self->shard->count));
+    ret->changes = atomic_load_explicit(&me->changes_sent, memory_order_relaxed);
+    ret->wholes = atomic_load_explicit(&me->wholes_sent, memory_order_relaxed);
 }
 
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,

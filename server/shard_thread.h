@@ -29,7 +29,11 @@ typedef enum {
     OMV_SHARD_CMD_GATHER,  /* copy parameters (and optimizer state) out, then acknowledge */
     OMV_SHARD_CMD_RESTORE, /* copy parameters and optimizer state in, then acknowledge */
     OMV_SHARD_CMD_QUIT,
+    OMV_SHARD_CMD_FORGET, /* the worker is gone: its view goes */
 } omv_shard_cmd_type_t;
+
+/* Worker ids whose views (below) a shard keeps: the daemon's members (server/members.h). */
+#define OMV_SHARD_VIEWS_MAX 1024
 
 typedef struct {
     uint32_t type;
@@ -39,9 +43,13 @@ typedef struct {
     uint32_t slice_begin, slice_count, batch; /* SERVE: what the Params message says */
     uint32_t wire;                            /* SERVE: how to send the parameters; PUSH: how
                                                * the gradient is stored (OMV_WIRE_*) */
-    float weight;                             /* PUSH: what the gradient counts for in its
-                                               * group's mean (0 or 1: as it is) */
-    omv_sgd_t sgd;                            /* APPLY; PUSH with solo */
+    /* SERVE with wire OMV_WIRE_INT8: the change from the worker's view of the shard, which the
+     * shard keeps for it (common/q8.h), when that is view; else the whole shard as fp32, which
+     * begins view. */
+    uint64_t view;
+    float weight;         /* PUSH: what the gradient counts for in its
+                           * group's mean (0 or 1: as it is) */
+    omv_sgd_t sgd;        /* APPLY; PUSH with solo */
     float norm_bound;     /* PUSH: refuse a gradient whose norm is over this x the shard's
                            * running norm (0: no bound) */
     uint32_t norm_warmup; /* PUSH: gradients the shard accepts first, to learn its norm */
@@ -121,6 +129,14 @@ void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_appli
 
 /* How many snapshots of the parameters the thread made (one per version that was pulled) and
  * how many pulls they answered, for status. */
+/* The views of the parameters a shard keeps for workers (job wire int8), and how it answered
+ * their pulls. */
+typedef struct {
+    uint64_t views, bytes;    /* held now */
+    uint64_t changes, wholes; /* pulls answered with a change, and with the whole shard */
+} omv_shard_views_t;
+void omv_shard_thread_views(const omv_shard_thread_t *self, omv_shard_views_t *ret);
+
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,
                             uint64_t *ret_serves);
 

@@ -134,11 +134,18 @@ static void section_shards(const omv_run_t *r, omv_kv_t *kv)
     omv_kv_int(kv, "steps_total", (int64_t)r->steps_total);
     omv_kv_int(kv, "pushes_recorded_total", (int64_t)r->pushes_recorded_total);
     uint64_t summed_all = 0;
+    omv_shard_views_t views = {0};
     for (uint32_t s = 0; s < n_shards(r); s++) {
         const omv_shard_thread_t *t = r->shards->threads[s];
         uint64_t applies, summed, snaps, serves;
         omv_shard_thread_counts(t, &applies, &summed);
         omv_shard_thread_stats(t, &snaps, &serves);
+        omv_shard_views_t v;
+        omv_shard_thread_views(t, &v);
+        views.views += v.views;
+        views.bytes += v.bytes;
+        views.changes += v.changes;
+        views.wholes += v.wholes;
         summed_all += summed;
         char key[64];
         snprintf(key, sizeof(key), "shard_%u_applied_total", s);
@@ -153,6 +160,11 @@ static void section_shards(const omv_run_t *r, omv_kv_t *kv)
         omv_kv_int(kv, key, omv_shard_thread_threaded(t));
     }
     omv_kv_int(kv, "summed_total", (int64_t)summed_all);
+    /* Wire int8: the workers' views of the parameters kept here, and how pulls were answered. */
+    omv_kv_int(kv, "views", (int64_t)views.views);
+    omv_kv_int(kv, "view_bytes", (int64_t)views.bytes);
+    omv_kv_int(kv, "served_as_changes_total", (int64_t)views.changes);
+    omv_kv_int(kv, "served_whole_total", (int64_t)views.wholes);
 }
 
 static void section_checkpoint(const omv_run_t *r, omv_kv_t *kv)

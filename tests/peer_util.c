@@ -91,7 +91,7 @@ void expect_error(peer_t *p, omv_refuse_t code)
 void pull_model(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j, float *model)
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
-    m.u.pull = (omv_pull_t){id, step};
+    m.u.pull = (omv_pull_t){id, step, 0};
     peer_send(p, &m, NULL, 0);
     static float part[1 << 16];
     uint8_t got[OMV_WIRE_MAX_SHARDS] = {0};

@@ -74,19 +74,91 @@ START_TEST(test_train_bf16)
 }
 END_TEST
 
+/* Each trainer's count of parameter shards that came as int8 changes and whole, from the log's
+ * summaries (one a trainer), into changes[]/wholes[] (n of them). Returns how many it found. */
+static int view_counts(const char *log, unsigned long long *changes, unsigned long long *wholes,
+                       int n)
+{
+    int found = 0;
+    for (const char *at = log; found < n && (at = strstr(at, "shards of parameters came as"));
+         at++) {
+        const char *line = at;
+        while (line > log && line[-1] != '\n')
+            line--;
+        const char *colon = strstr(line, "worker: worker ");
+        ck_assert_ptr_nonnull(colon);
+        ck_assert_int_eq(sscanf(strchr(colon + 15, ':') + 1,
+                                " %llu shards of parameters came as "
+                                "int8 changes to our view of them, %llu whole",
+                                &changes[found], &wholes[found]),
+                         2);
+        found++;
+    }
+    return found;
+}
+
 START_TEST(test_train_int8)
 {
-    /* Gradients travel as int8 with error feedback, parameters as bf16, over the socket (not
-     * shared memory, which carries fp32): the job trains as well, with nothing refused. */
+    /* Gradients travel as int8 with error feedback, parameters as int8 changes to each worker's
+     * view, over the socket (not shared memory, which carries fp32): the job trains as well,
+     * with nothing refused. Each worker is sent each of the 3 shards whole once, to begin its
+     * view, and changes from then on; the two members of the group are sent the same versions,
+     * so they share one view of each shard on the daemon, which makes each change once. */
     write_job(2, 4, "groups = 1\nstaleness = none\nwire = int8\nshards = 3");
+    setenv("OMNIVORE_SHM", "0", 1);
+    static char json[65536];
+    int rc = run_ctl(json, sizeof(json), "");
+    unsetenv("OMNIVORE_SHM");
+    ck_assert_msg(rc == 0 && has_text(json, "\"state\":\"done\""), "%d: %s", rc, json);
+    ck_assert_msg(json_number(json, "test_accuracy") > 0.95, "%s", json);
+    static char log[1 << 20];
+    read_run_log(log, sizeof(log));
+    ck_assert_msg(has_text(log, "gradients travel as int8"), "%s", log);
+    ck_assert_msg(has_text(log, "parameters as int8 changes"), "%s", log);
+    ck_assert_msg(!has_text(log, "go through shared memory"), "%s", log);
+    ck_assert_msg(!has_text(log, "refused"), "a refusal in the log: %s", log);
+    ck_assert_msg(!has_text(log, "registering again"), "%s", log);
+    unsigned long long changes[2], wholes[2];
+    ck_assert_int_eq(view_counts(log, changes, wholes, 2), 2);
+    unsigned long long steps = (unsigned long long)json_number(json, "images_total") / 32;
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(wholes[i] == 3, "worker %d: %llu whole: %s", i, wholes[i], log);
+        /* Each shard a step, the first step's whole; the step under way at the end may be
+         * sent too. */
+        ck_assert_msg(changes[i] + 3 >= 3 * steps && changes[i] + 3 <= 3 * steps + 3,
+                      "worker %d: %llu changes in %llu steps", i, changes[i], steps);
+    }
+    /* The daemon sent what the workers took, and keeps one view of each shard for the group. */
+    const char *end = strstr(log, "shards were sent as");
+    ck_assert_msg(end != NULL, "%s", log);
+    unsigned long long sent, whole, views;
+    ck_assert_int_eq(sscanf(end, "shards were sent as %llu int8 changes and %llu whole; %llu views",
+                            &sent, &whole, &views),
+                     3);
+    ck_assert_msg(sent >= changes[0] + changes[1] && sent <= changes[0] + changes[1] + 6,
+                  "sent %llu, taken %llu + %llu", sent, changes[0], changes[1]);
+    ck_assert_uint_eq(whole, 6);
+    ck_assert_msg(views == 3, "%llu views kept for one group over 3 shards", views);
+}
+END_TEST
+
+START_TEST(test_train_int8_groups)
+{
+    /* Two asynchronous groups are sent different versions: their members' views part after
+     * the first step (a whole shard to begin each one's own), and the job trains as well. */
+    write_job(2, 4, "groups = 2\nstaleness = 2\nwire = int8\nshards = 3");
     setenv("OMNIVORE_SHM", "0", 1);
     check_trained("");
     unsetenv("OMNIVORE_SHM");
     static char log[1 << 20];
     read_run_log(log, sizeof(log));
-    ck_assert_msg(has_text(log, "gradients as int8"), "%s", log);
-    ck_assert_msg(!has_text(log, "go through shared memory"), "%s", log);
     ck_assert_msg(!has_text(log, "refused"), "a refusal in the log: %s", log);
+    ck_assert_msg(!has_text(log, "registering again"), "%s", log);
+    unsigned long long changes[2], wholes[2];
+    ck_assert_int_eq(view_counts(log, changes, wholes, 2), 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(wholes[i] >= 3 && wholes[i] <= 6 && changes[i] > 100,
+                      "worker %d: %llu changes, %llu whole: %s", i, changes[i], wholes[i], log);
 }
 END_TEST
 
@@ -764,6 +836,7 @@ int main(void)
     tcase_add_test(tc, test_train_resnet_adamw_export_init);
     tcase_add_test(tc, test_train_bf16);
     tcase_add_test(tc, test_train_int8);
+    tcase_add_test(tc, test_train_int8_groups);
     tcase_add_test(tc, test_train_uneven);
     tcase_add_test(tc, test_overlap_bit_identical);
     tcase_add_test(tc, test_train_groups_lockstep);

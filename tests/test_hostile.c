@@ -151,7 +151,7 @@ static void local_recv(int conn, omv_msg_t *m)
 static void local_pull(int conn, uint32_t id, uint64_t step, const omv_jobspec_t *j)
 {
     omv_msg_t m = {.type = OMV_MSG_PULL};
-    m.u.pull = (omv_pull_t){id, step};
+    m.u.pull = (omv_pull_t){id, step, 0};
     ck_assert_int_eq(local_send(conn, &m), 1);
     uint8_t got[OMV_WIRE_MAX_SHARDS] = {0};
     for (uint32_t n = 0; n < j->n_shards; n++) {
@@ -208,7 +208,7 @@ START_TEST(test_local_connection_garbage)
     ck_assert_int_eq(send(conn, env, len, 0), (ssize_t)len);
     expect_error(&p, OMV_REFUSE_MALFORMED);
     m = (omv_msg_t){.type = OMV_MSG_PULL};
-    m.u.pull = (omv_pull_t){id + 1, 0};
+    m.u.pull = (omv_pull_t){id + 1, 0, 0};
     ck_assert_int_eq(local_send(conn, &m), 1);
     expect_error(&p, OMV_REFUSE_MALFORMED);
     m = (omv_msg_t){.type = OMV_MSG_HEARTBEAT};

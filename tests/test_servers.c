@@ -1408,7 +1408,7 @@ START_TEST(test_servers_backup_flooded)
     float *junk = calloc(wl->job.param_count, sizeof(float));
     /* As a worker does: its first parameters, once it is a member of the group (at a cut). */
     omv_msg_t m = {.type = OMV_MSG_PULL};
-    m.u.pull = (omv_pull_t){id, wl->start_step};
+    m.u.pull = (omv_pull_t){id, wl->start_step, 0};
     peer_send(&a, &m, NULL, 0);
     do
         peer_recv(&a, &m, junk, wl->job.param_count);

@@ -58,9 +58,9 @@ static void make_welcome(omv_msg_t *m)
 static const omv_msg_t samples[] = {
     {.type = OMV_MSG_HELLO,
      .u.hello = {OMV_PROTOCOL_VERSION, OMV_ROLE_EVALUATOR, "node7", 42, 16, 12, "worker@3"}},
-    {.type = OMV_MSG_PULL, .u.pull = {9, BIG}},
+    {.type = OMV_MSG_PULL, .u.pull = {9, BIG, BIG + 7}},
     {.type = OMV_MSG_PARAMS,
-     .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000, 21, OMV_WIRE_BF16}},
+     .u.params = {BIG + 1, 2, 1000, 500, 4, 30000, 15000, 21, OMV_WIRE_INT8, 0, BIG + 8, 3}},
     {.type = OMV_MSG_PUSH, .u.push = {5, BIG + 2, 1, 64, 32, 2.25f, 128, 12.5f, OMV_WIRE_BF16}},
     {.type = OMV_MSG_HEARTBEAT, .u.heartbeat = {77}},
     {.type = OMV_MSG_EVAL_REQUEST, .u.eval_request = {BIG + 3, 235146}},
@@ -190,6 +190,7 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_str_eq(d[0].u.hello.name, "worker@3");
     ck_assert_uint_eq(d[1].u.pull.worker_id, 9);
     ck_assert(d[1].u.pull.step == BIG);
+    ck_assert(d[1].u.pull.view == BIG + 7);
     ck_assert(d[2].u.params.step == BIG + 1);
     ck_assert_uint_eq(d[2].u.params.shard, 2);
     ck_assert_uint_eq(d[2].u.params.offset, 1000);
@@ -198,7 +199,9 @@ START_TEST(test_other_messages_round_trip)
     ck_assert_uint_eq(d[2].u.params.slice_begin, 30000);
     ck_assert_uint_eq(d[2].u.params.slice_count, 15000);
     ck_assert_uint_eq(d[2].u.params.batch, 21);
-    ck_assert_uint_eq(d[2].u.params.wire, OMV_WIRE_BF16);
+    ck_assert_uint_eq(d[2].u.params.wire, OMV_WIRE_INT8);
+    ck_assert(d[2].u.params.view == BIG + 8);
+    ck_assert_uint_eq(d[2].u.params.view_seq, 3);
     ck_assert_uint_eq(d[3].u.push.worker_id, 5);
     ck_assert(d[3].u.push.step == BIG + 2);
     ck_assert_uint_eq(d[3].u.push.shard, 1);
@@ -240,8 +243,9 @@ START_TEST(test_payload_count)
     omv_msg_t m;
     make_welcome(&m);
     ck_assert_uint_eq(omv_wire_payload_count(&m), 0);
-    /* Bytes: bf16 values take two, fp32 ones four (evaluations always travel as fp32). */
-    const size_t bytes[N_SAMPLES] = {0, 0, 1000, 64, 0, 235146 * 4, 0, 0, 0, 0, 0};
+    /* Bytes: int8 values a byte and a float per block, bf16 ones two, fp32 ones four
+     * (evaluations always travel as fp32). */
+    const size_t bytes[N_SAMPLES] = {0, 0, 500 + 8 * 4, 64, 0, 235146 * 4, 0, 0, 0, 0, 0};
     for (int i = 0; i < N_SAMPLES; i++)
         ck_assert_uint_eq(omv_wire_payload_bytes(&samples[i]), bytes[i]);
     omv_msg_t push = samples[3];
@@ -293,6 +297,7 @@ START_TEST(test_shm_wire)
     char why[OMV_WIRE_REASON_MAX];
     omv_msg_t d, m = samples[2];
     m.u.params.wire = OMV_WIRE_SHM;
+    m.u.params.view = m.u.params.view_seq = 0;
     ck_assert_uint_eq(omv_wire_payload_count(&m), 0);
     ck_assert_uint_eq(omv_wire_payload_bytes(&m), 0);
     size_t len = encode_ok(&m, buf);
@@ -325,10 +330,10 @@ START_TEST(test_unknown_wire_refused)
     uint8_t buf[BUF_CAP];
     char why[OMV_WIRE_REASON_MAX];
     omv_msg_t d, m = samples[2];
-    m.u.params.wire = 3;
+    m.u.params.wire = 5;
     size_t len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
-    ck_assert_msg(strstr(why, "wire 3") != NULL, "%s", why);
+    ck_assert_msg(strstr(why, "wire 5") != NULL, "%s", why);
     m = samples[3];
     m.u.push.wire = 7;
     len = encode_ok(&m, buf);
@@ -344,7 +349,7 @@ START_TEST(test_unknown_wire_refused)
     len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), 0);
     ck_assert_uint_eq(d.u.welcome.job.wire, OMV_WIRE_BF16);
-    /* int8 is a job's wire and a gradient's, never parameters'. */
+    /* int8 is a job's wire and a gradient's, and parameters' as a change to a view. */
     make_welcome(&m);
     m.u.welcome.job.wire = OMV_WIRE_INT8;
     len = encode_ok(&m, buf);
@@ -360,8 +365,80 @@ START_TEST(test_unknown_wire_refused)
     len = encode_ok(&m, buf);
     ck_assert_int_eq(omv_wire_decode(buf, len, &d, why), -EPROTO);
     ck_assert_msg(strstr(why, "wire 4") != NULL, "%s", why);
-    ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_INT8), OMV_WIRE_BF16);
+    ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_INT8), OMV_WIRE_FP32);
     ck_assert_uint_eq(omv_wire_of_params(OMV_WIRE_FP32), OMV_WIRE_FP32);
+}
+END_TEST
+
+START_TEST(test_params_views_refused)
+{
+    /* Parameters as a change need the view and the change's number; a whole shard that begins a
+     * view is fp32 and change 0; nothing else names a view. Each is refused with why. */
+    static const struct {
+        uint32_t wire;
+        uint64_t view;
+        uint32_t seq;
+        int ok;
+    } cases[] = {
+        {OMV_WIRE_INT8, 5, 1, 1}, {OMV_WIRE_FP32, 5, 0, 1}, {OMV_WIRE_BF16, 0, 0, 1},
+        {OMV_WIRE_INT8, 0, 1, 0}, {OMV_WIRE_INT8, 5, 0, 0}, {OMV_WIRE_FP32, 5, 2, 0},
+        {OMV_WIRE_BF16, 5, 0, 0}, {OMV_WIRE_FP32, 0, 1, 0},
+    };
+    uint8_t buf[BUF_CAP];
+    char why[OMV_WIRE_REASON_MAX];
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        omv_msg_t d, m = samples[2];
+        m.u.params.wire = cases[i].wire;
+        m.u.params.view = cases[i].view;
+        m.u.params.view_seq = cases[i].seq;
+        size_t len = encode_ok(&m, buf);
+        int r = omv_wire_decode(buf, len, &d, why);
+        ck_assert_msg(r == (cases[i].ok ? 0 : -EPROTO), "case %zu: %d (%s)", i, r, why);
+        if (!cases[i].ok)
+            ck_assert_msg(strstr(why, "view") != NULL, "case %zu: %s", i, why);
+    }
+}
+END_TEST
+
+START_TEST(test_q8_views_agree)
+{
+    /* A server's view and a worker's, fed the same changes, stay equal bit for bit; each is
+     * within one change's rounding of the parameters (half a step of its block's scale), so
+     * what rounding lost goes with the next change and never adds up. Parameters move by small
+     * steps with a large one now and then (a restore), from any alignment of the bytes. */
+    enum { N = 7 * OMV_Q8_BLOCK + 5, STEPS = 200 };
+    static float params[N], server[N], worker[N];
+    static unsigned char raw[1 + 8 * 4 + N];
+    uint64_t seed = 11;
+    for (int i = 0; i < N; i++)
+        params[i] = server[i] = worker[i] = 0.1f * (float)(i % 13) - 0.6f;
+    for (int t = 0; t < STEPS; t++) {
+        for (int i = 0; i < N; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            float u = (float)(seed >> 40) / (float)(1u << 24) - 0.5f;
+            params[i] += (t % 50 == 49 ? 2.0f : 1e-3f) * u;
+        }
+        omv_q8_encode_delta(raw + 1, params, server, N);
+        omv_q8_add(worker, raw + 1, N);
+        ck_assert(memcmp(server, worker, sizeof(server)) == 0);
+        for (int i = 0; i < N; i++) {
+            float scale;
+            memcpy(&scale, raw + 1 + 4 * (i / OMV_Q8_BLOCK), sizeof(scale));
+            ck_assert_msg(fabsf(worker[i] - params[i]) <= scale / 2 * 1.001f + 1e-6f,
+                          "step %d value %d: view %g, parameter %g, scale %g", t, i, worker[i],
+                          params[i], scale);
+        }
+    }
+    /* With no change the view comes closer still: what is left of the rounding goes. */
+    float before = 0.0f, after = 0.0f;
+    for (int i = 0; i < N; i++)
+        before = fmaxf(before, fabsf(worker[i] - params[i]));
+    omv_q8_encode_delta(raw + 1, params, server, N);
+    omv_q8_add(worker, raw + 1, N);
+    ck_assert(memcmp(server, worker, sizeof(server)) == 0);
+    for (int i = 0; i < N; i++)
+        after = fmaxf(after, fabsf(worker[i] - params[i]));
+    ck_assert_msg(before > 0.0f && after < before / 50.0f, "%g then %g", before, after);
 }
 END_TEST
 
@@ -990,6 +1067,8 @@ static Suite *wire_suite(void)
     tcase_add_test(tc, test_bf16_round_trip);
     tcase_add_test(tc, test_q8_by_hand);
     tcase_add_test(tc, test_q8_error_feedback);
+    tcase_add_test(tc, test_q8_views_agree);
+    tcase_add_test(tc, test_params_views_refused);
     tcase_add_test(tc, test_q8_non_finite);
     tcase_add_test(tc, test_encode_too_small);
     tcase_add_test(tc, test_garbage_refused);

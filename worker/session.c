@@ -55,25 +55,31 @@ typedef struct {
     float *shm_params, *shm_grads;
     const float *shm_model; /* the daemon's parameters themselves, read-only */
     size_t shm_bytes;
-    int shared_step;      /* this step's parameters are read in shm_model */
-    int shared_said;      /* said once that they are */
-    int shm_step;         /* this step's parameters came through them (and its gradient goes so) */
-    int shm_warned;       /* said once that the socket is used instead */
-    const float *p;       /* where this step's parameters are: a segment or ours */
-    float *g;             /* and its gradient */
-    uint16_t *grad16;     /* [param_count] the gradient as bf16 travels */
-    uint8_t *grad8;       /* [wire int8] one shard's gradient as it travels (common/q8.h) */
-    float *residual;      /* [wire int8: param_count] what rounding to int8 has not sent yet */
-    float *x;             /* [batch][inputs] */
-    uint8_t *y;           /* [batch] */
-    uint32_t *order;      /* [data.count] this epoch's permutation */
-    uint8_t *got;         /* [n_shards] which shards of the pull arrived */
-    uint8_t *pushed;      /* [n_shards] which shards of the step went out */
-    uint32_t have;        /* shards of the pull that arrived */
-    uint64_t asked, step; /* the step asked for, and the one the daemon gave */
-    int pulled;           /* the next step's pull went out */
-    int hook_err;         /* what went wrong inside the engine's hooks */
-    double hook_s;        /* time spent in the hooks this step (not computing) */
+    int shared_step;  /* this step's parameters are read in shm_model */
+    int shared_said;  /* said once that they are */
+    int shm_step;     /* this step's parameters came through them (and its gradient goes so) */
+    int shm_warned;   /* said once that the socket is used instead */
+    const float *p;   /* where this step's parameters are: a segment or ours */
+    float *g;         /* and its gradient */
+    uint16_t *grad16; /* [param_count] the gradient as bf16 travels */
+    uint8_t *grad8;   /* [wire int8] one shard's gradient as it travels (common/q8.h) */
+    float *residual;  /* [wire int8: param_count] what rounding to int8 has not sent yet */
+    /* Wire int8: params is our view of the model (common/q8.h); the view we hold from each
+     * link's daemon or server (0: none, so its next Params come whole), and the changes each
+     * shard had since its view began. */
+    uint64_t view[1 + 2 * OMV_WIRE_MAX_SERVERS];
+    uint32_t *view_seq;               /* [n_shards] */
+    uint64_t changes_got, wholes_got; /* shards that came as a change, and whole to start one */
+    float *x;                         /* [batch][inputs] */
+    uint8_t *y;                       /* [batch] */
+    uint32_t *order;                  /* [data.count] this epoch's permutation */
+    uint8_t *got;                     /* [n_shards] which shards of the pull arrived */
+    uint8_t *pushed;                  /* [n_shards] which shards of the step went out */
+    uint32_t have;                    /* shards of the pull that arrived */
+    uint64_t asked, step;             /* the step asked for, and the one the daemon gave */
+    int pulled;                       /* the next step's pull went out */
+    int hook_err;                     /* what went wrong inside the engine's hooks */
+    double hook_s;                    /* time spent in the hooks this step (not computing) */
     /* Where a trainer's steps go, summed for the log at the end: computing, waiting for a
      * step's first parameters (the group's other members and the apply), for the rest of them
      * during forward, and sending gradients. */
@@ -393,6 +399,7 @@ static void servers_close(session_t *s, int flush)
             omv_link_abandon(&s->links[1 + i]);
     s->n_servers = s->n_backups = 0;
     memset(s->shard_backup, 0, sizeof(s->shard_backup));
+    memset(s->view, 0, sizeof(s->view)); /* new links: their servers send whole shards first */
     s->backup_warned = 0;
 }
 
@@ -609,6 +616,7 @@ static void release_engine(session_t *s)
     free(s->grad16);
     free(s->grad8);
     free(s->residual);
+    free(s->view_seq);
     free(s->params);
     s->got = NULL;
     s->pushed = NULL;
@@ -619,6 +627,7 @@ static void release_engine(session_t *s)
     s->grad16 = NULL;
     s->grad8 = NULL;
     s->residual = NULL;
+    s->view_seq = NULL;
     s->params = NULL;
     omv_dataset_fini(&s->data);
     omv_net_destroy(&s->net);
@@ -715,6 +724,7 @@ static int prepare(session_t *s, uint32_t batch)
                 most = j->shard_offsets[sh + 1] - j->shard_offsets[sh];
         s->grad8 = malloc(omv_q8_bytes(most));
         s->residual = calloc(j->param_count, sizeof(float));
+        s->view_seq = calloc(j->n_shards, sizeof(uint32_t));
     }
     s->x = malloc((size_t)batch * s->layout.inputs * sizeof(float));
     s->y = malloc(batch);
@@ -722,7 +732,7 @@ static int prepare(session_t *s, uint32_t batch)
     s->pushed = calloc(j->n_shards, 1);
     if (!s->net || !s->params || (trainer && (!s->grad || !s->grad16)) || !s->x || !s->y ||
         !s->got || !s->pushed ||
-        (j->wire == OMV_WIRE_INT8 && trainer && (!s->grad8 || !s->residual))) {
+        (j->wire == OMV_WIRE_INT8 && trainer && (!s->grad8 || !s->residual || !s->view_seq))) {
         omv_log_error("out of memory for a model of %u parameters, batch %u", j->param_count,
                       batch);
         return -ENOMEM;
@@ -805,9 +815,11 @@ static int send_pull(session_t *s, uint64_t step)
     omv_msg_t m = {.type = OMV_MSG_PULL};
     m.u.pull.worker_id = s->worker_id;
     m.u.pull.step = step;
+    m.u.pull.view = s->view[0];
     if (s->n_servers == 0)
         return send_msg(s, &m, NULL);
     for (uint32_t i = 0; i < s->n_servers; i++) {
+        m.u.pull.view = s->view[1 + i];
         int r = send_on(s, s->links[1 + i], &m, NULL);
         if (r < 0)
             return r;
@@ -831,6 +843,8 @@ static void use_transport(session_t *s, int shm, int shared)
      * is dropped. */
     if (shm != s->shm_step && s->residual)
         memset(s->residual, 0, s->job.param_count * sizeof(float));
+    if (shm) /* params is not kept up to date meanwhile: a view begins again after */
+        memset(s->view, 0, sizeof(s->view));
     s->shm_step = shm;
     s->shared_step = shm && shared;
     if (s->shared_step && !s->shared_said)
@@ -840,6 +854,45 @@ static void use_transport(session_t *s, int shm, int shared)
     s->shared_said |= s->shared_step;
     s->p = s->shared_step ? s->shm_model : shm ? s->shm_params : s->params;
     s->g = shm ? s->shm_grads : s->grad;
+}
+
+/* The link a message came from, as an index of links (0: the daemon's). */
+static uint32_t from_index(const session_t *s)
+{
+    for (uint32_t i = 1; i < 1 + s->n_servers + s->n_backups; i++)
+        if (s->links[i] == s->from)
+            return i;
+    return 0;
+}
+
+/* Checks that Params p (fp32 or int8, with a view: wire int8) fit our view of its shard: a
+ * whole shard begins a view, a change must be the next one to the view we hold. Returns 0, or
+ * WAIT_LOST after logging why (register again: the next Welcome begins every view anew). */
+static int take_view(session_t *s, const omv_params_t *p)
+{
+    uint64_t *view = &s->view[from_index(s)];
+    if (s->view_seq == NULL) {
+        omv_log_error("daemon sent parameters as changes to a view, to a worker of a job whose "
+                      "wire is not int8");
+        return -EPROTO;
+    }
+    if (p->wire == OMV_WIRE_FP32) {
+        *view = p->view;
+        s->view_seq[p->shard] = 0;
+        s->wholes_got++;
+        return 0;
+    }
+    if (p->view != *view || p->view_seq != s->view_seq[p->shard] + 1) {
+        omv_log_error("worker %u: shard %u came as change %u to view %016llx, but we hold change "
+                      "%u to view %016llx: registering again, to start from the whole model",
+                      s->worker_id, p->shard, p->view_seq, (unsigned long long)p->view,
+                      s->view_seq[p->shard], (unsigned long long)*view);
+        *view = 0;
+        return WAIT_LOST;
+    }
+    s->view_seq[p->shard] = p->view_seq;
+    s->changes_got++;
+    return 0;
 }
 
 /* Takes one shard of the parameters asked for into params. The first fixes the step and the
@@ -882,10 +935,17 @@ static int take_params(session_t *s, const omv_params_t *p)
         use_transport(s, p->wire == OMV_WIRE_SHM, (int)p->shared);
     size_t len = 0;
     const void *data = p->wire == OMV_WIRE_SHM ? NULL : omv_link_payload(s->from, &len);
+    if (p->view) {
+        int r = take_view(s, p);
+        if (r != 0)
+            return r;
+    }
     if (p->wire == OMV_WIRE_BF16)
         omv_bf16_to_f32(s->params + p->offset, data, p->count);
     else if (p->wire == OMV_WIRE_FP32)
         memcpy(s->params + p->offset, data, len);
+    else if (p->wire == OMV_WIRE_INT8)
+        omv_q8_add(s->params + p->offset, data, p->count);
     s->got[p->shard] = 1;
     s->have++;
     return 0;
@@ -1172,7 +1232,8 @@ static int train(session_t *s)
      * to a checkpoint): what int8 rounding kept back from before is dropped. */
     if (s->residual)
         memset(s->residual, 0, j->param_count * sizeof(float));
-    s->batch = 0; /* the first Params says, and the data position follows */
+    memset(s->view, 0, sizeof(s->view)); /* and so is our view of it: it comes whole first */
+    s->batch = 0;                        /* the first Params says, and the data position follows */
     omv_log_info("worker %u in group %u from step %llu: images [%u, %u), at most %u a step",
                  s->worker_id, s->group, (unsigned long long)s->start_step, s->slice_begin,
                  s->slice_begin + s->slice_count, batch);
@@ -1189,6 +1250,12 @@ static int train(session_t *s)
         r = overlap ? overlapped_step(s) : serial_step(s);
     }
     log_step_times(s);
+    if (s->changes_got + s->wholes_got > 0)
+        omv_log_info("worker %u: %llu shards of parameters came as int8 changes to our view of "
+                     "them, %llu whole (fp32) to begin a view",
+                     s->worker_id, (unsigned long long)s->changes_got,
+                     (unsigned long long)s->wholes_got);
+    s->changes_got = s->wholes_got = 0;
     return r;
 }
 
