@@ -78,8 +78,8 @@ struct omv_shard_thread {
      * whichever thread closes the last message that holds one). */
     atomic_uint_fast64_t copies_made, copies_freed;
     atomic_uint_fast64_t applies, summed; /* APPLY commands run; gradients added to sums */
-    reader_t *readers;                    /* [OMV_SHARD_VIEWS_MAX + 1] by worker id */
-    view_t *views;                        /* every view a reader holds */
+    reader_t *readers; /* [OMV_SHARD_VIEWS_MAX + 1] by worker id, once one is needed */
+    view_t *views;     /* every view a reader holds */
     atomic_uint_fast64_t n_views, changes_sent, wholes_sent;
     uint8_t extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 };
@@ -373,7 +373,7 @@ static void drop_view(omv_shard_thread_t *self, reader_t *rd)
 
 static void forget_view(omv_shard_thread_t *self, uint32_t worker_id)
 {
-    if (worker_id <= OMV_SHARD_VIEWS_MAX)
+    if (self->readers && worker_id <= OMV_SHARD_VIEWS_MAX)
         drop_view(self, &self->readers[worker_id]);
 }
 
@@ -411,6 +411,10 @@ static int next_view(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_p
     const omv_shard_t *sh = self->shard;
     if (cmd->worker_id == 0 || cmd->worker_id > OMV_SHARD_VIEWS_MAX)
         return -EINVAL;
+    if (self->readers == NULL) /* a job of another wire never needs them */
+        self->readers = calloc(OMV_SHARD_VIEWS_MAX + 1, sizeof(reader_t));
+    if (self->readers == NULL)
+        return -ENOMEM;
     reader_t *rd = &self->readers[cmd->worker_id];
     view_t *v = rd->id == cmd->view ? rd->v : NULL;
     uint64_t target = v ? lineage_next(rd->lineage, self->version) : 0;
@@ -679,7 +683,6 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     self->counted = calloc(shard->n_groups ? shard->n_groups : 1, sizeof(uint32_t));
     self->done = calloc(shard->n_groups ? shard->n_groups : 1, 1);
     self->scratch = malloc((shard->count ? shard->count : 1) * sizeof(float));
-    self->readers = calloc(OMV_SHARD_VIEWS_MAX + 1, sizeof(reader_t));
     atomic_init(&self->snapshots_made, 0);
     atomic_init(&self->serves, 0);
     atomic_init(&self->copies_made, 0);
@@ -690,8 +693,7 @@ omv_shard_thread_t *omv_shard_thread_new(omv_router_t *router, omv_shard_t *shar
     atomic_init(&self->changes_sent, 0);
     atomic_init(&self->wholes_sent, 0);
     int r = -ENOMEM;
-    if (self->counted == NULL || self->done == NULL || self->scratch == NULL ||
-        self->readers == NULL)
+    if (self->counted == NULL || self->done == NULL || self->scratch == NULL)
         goto fail;
     r = omv_router_pipe(router, &self->loop_end, &self->mine);
     if (r < 0)
@@ -744,7 +746,7 @@ void omv_shard_thread_destroy(omv_shard_thread_t **self_p)
     omv_shard_thread_stop(self);
     for (int i = 0; i < self->n_snaps; i++)
         free(self->snaps[i].data);
-    for (uint32_t id = 0; id <= OMV_SHARD_VIEWS_MAX; id++)
+    for (uint32_t id = 0; self->readers && id <= OMV_SHARD_VIEWS_MAX; id++)
         drop_view(self, &self->readers[id]);
     free(self->readers);
     free(self->counted);
