@@ -86,7 +86,7 @@ typedef struct {
 
 /* In this order, each when its period has passed. */
 static const cron_task_t cron_tasks[] = {
-    {"expire silent members", 100, cron_members},
+    {"expire silent members", EXPIRE_PERIOD_MS, cron_members},
     {"the run's periodic work", 100, cron_run},
     {"reload on SIGHUP", 100, cron_reload},
     {"control clients past their time", 100, cron_control},

@@ -50,6 +50,7 @@ struct omv_daemon {
     char allow_dir[OMV_JOB_PATH_MAX];
     int shutdown;        /* asked for over the control socket */
     int64_t stopping_ms; /* when the way out began (0: running) */
+    int64_t expire_ms;   /* the last look for silent peers (omv_messages_expire) */
 
     /* Reloading on SIGHUP. */
     volatile sig_atomic_t *reload_flag;

@@ -460,9 +460,27 @@ static void expire_servers(omv_daemon_t *d, int64_t now)
     }
 }
 
+/* The daemon's own stall (a checkpoint of a large model written, its model gathered) is not its
+ * peers' silence: what they sent meanwhile waits unread. A look that comes over a second late
+ * credits every member and server with the time it was late by. */
+static void credit_stall(omv_daemon_t *d, int64_t now)
+{
+    int64_t late = d->expire_ms > 0 ? now - d->expire_ms - EXPIRE_PERIOD_MS : 0;
+    d->expire_ms = now;
+    if (late < 1000)
+        return;
+    omv_log_info("the daemon was busy for %.1f s: its peers' silence meanwhile does not count",
+                 (double)late / 1000.0);
+    for (uint32_t i = 0; i < d->members->n; i++)
+        d->members->records[i].last_seen_ms += late;
+    for (uint32_t i = 0; i < d->servers.n; i++)
+        d->servers.rec[i].last_seen_ms += late;
+}
+
 void omv_messages_expire(omv_daemon_t *d)
 {
     int64_t now = omv_time_ms();
+    credit_stall(d, now);
     expire_servers(d, now);
     int64_t timeout = d->run ? omv_run_worker_timeout_ms(d->run) : IDLE_TIMEOUT_MS;
     int job_on = d->run && !OMV_JOB_OVER(d->run->state);

@@ -21,5 +21,6 @@ void omv_messages_dispatch(omv_daemon_t *d, const omv_peer_t *peer, const omv_ms
 void omv_messages_drain_local(omv_daemon_t *d, const struct pollfd *fds, const uint32_t *who,
                               int n);
 
-/* Declares silent members dead (from the cron). */
+/* Declares silent members dead (from the cron, every EXPIRE_PERIOD_MS). */
+#define EXPIRE_PERIOD_MS 100
 void omv_messages_expire(omv_daemon_t *d);
