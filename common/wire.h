@@ -202,8 +202,14 @@ enum {
 /* SERVER_STATS's state: the server dropped its part (the coordinator takes it for lost). */
 enum { OMV_SERVER_STATS_DROPPED = 1 };
 
-/* SERVER_MEMBER's state. */
-enum { OMV_SERVER_MEMBER_ALIVE = 0, OMV_SERVER_MEMBER_LEFT = 1, OMV_SERVER_MEMBER_DEAD = 2 };
+/* SERVER_MEMBER's state: a trainer that joined, left or died, or the job's evaluator (it
+ * attaches, and evaluations' GATHERs name it). */
+enum {
+    OMV_SERVER_MEMBER_ALIVE = 0,
+    OMV_SERVER_MEMBER_LEFT = 1,
+    OMV_SERVER_MEMBER_DEAD = 2,
+    OMV_SERVER_MEMBER_EVALUATOR = 3,
+};
 
 typedef struct {
     omv_server_op_t op;
@@ -213,7 +219,9 @@ typedef struct {
     uint32_t n_groups;
     uint64_t clocks[OMV_WIRE_MAX_CLOCKS];
     uint32_t job_bytes; /* ASSIGN: the omv_job_t leads the payload, padded to 4 bytes */
-    uint32_t worker_id, slot, group, state;
+    uint32_t worker_id, slot, group, state; /* MEMBER; GATHER's worker_id: the evaluator that
+                                             * gets the range (as Params, step the gather's
+                                             * id), not the coordinator; 0: the coordinator */
     char host[64];
     char key[41];
     uint64_t token;

@@ -204,10 +204,15 @@ static void on_member(omv_daemon_t *d, const omv_server_msg_t *u)
 {
     if (d->run == NULL)
         return;
-    if (u->state == OMV_SERVER_MEMBER_ALIVE) {
+    if (u->state == OMV_SERVER_MEMBER_ALIVE || u->state == OMV_SERVER_MEMBER_EVALUATOR) {
         member_t *m = omv_members_adopt(d->members, u->worker_id, u->host, u->key, u->token);
-        if (m)
+        if (m && u->state == OMV_SERVER_MEMBER_EVALUATOR) {
+            m->role = OMV_ROLE_EVALUATOR; /* in no group: it attaches and is sent evaluations */
+            omv_log_info("evaluator %u (%s): the coordinator's evaluations come from here",
+                         u->worker_id, m->host);
+        } else if (m) {
             omv_run_adopt(d->run, m, u->slot, u->group);
+        }
         return;
     }
     member_t *m = omv_members_get(d->members, u->worker_id);
@@ -273,7 +278,7 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
         break;
     case OMV_SERVER_GATHER:
         if (d->run && !backup)
-            omv_run_part_gather(d->run, u->gather_id, u->final, u->params_only);
+            omv_run_part_gather(d->run, u->gather_id, u->final, u->params_only, u->worker_id);
         break;
     case OMV_SERVER_END:
         drop_part(d, "the job is over");
@@ -411,4 +416,6 @@ void omv_part_attach(omv_daemon_t *d, const omv_peer_t *peer, const omv_attach_t
     int r = omv_router_send(d->router, peer, &reply, NULL);
     if (r < 0)
         omv_log_debug("cannot answer an attach: %s", omv_strerror(r));
+    if (reply.type == OMV_MSG_HEARTBEAT && m->role == OMV_ROLE_EVALUATOR)
+        omv_run_evaluator_attached(d->run, m);
 }

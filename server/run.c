@@ -210,15 +210,17 @@ static int free_slot(const omv_run_t *r)
 }
 
 /* Tells the job's shard servers that trainer m joined (state OMV_SERVER_MEMBER_ALIVE, with
- * its slot and group), left or died. */
+ * its slot and group), left or died, or that m is the job's evaluator. */
 static void tell_member(omv_run_t *r, const member_t *m, uint32_t state)
 {
     omv_msg_t msg = {.type = OMV_MSG_SERVER};
     omv_server_msg_t *u = &msg.u.server;
     u->op = OMV_SERVER_MEMBER;
     u->worker_id = omv_members_id(r->env.members, m);
-    u->slot = m->slot;
-    u->group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    if (m->role == OMV_ROLE_TRAINER) {
+        u->slot = m->slot;
+        u->group = (uint32_t)omv_groups_of(r->groups, m->slot);
+    }
     u->state = state;
     u->token = m->attach_token;
     omv_strlcpy(u->host, m->host, sizeof(u->host));
@@ -267,6 +269,8 @@ void omv_run_member_gone(omv_run_t *r, member_t *m, member_state_t why)
         }
     } else if (r->eval.evaluator == omv_members_id(r->env.members, m)) {
         omv_eval_lost(&r->eval);
+        if (remote(r) && m->attach_token)
+            tell_member(r, m, why == MEMBER_LEFT ? OMV_SERVER_MEMBER_LEFT : OMV_SERVER_MEMBER_DEAD);
     }
 }
 
@@ -321,6 +325,26 @@ static void request_eval(omv_run_t *r)
         ev->wanted = 1;
         return;
     }
+    member_t *m = omv_members_get(r->env.members, ev->evaluator);
+    if (remote(r) && r->state != JOB_FINISHING && !r->fetch_fresh && m->attach_token) {
+        /* The servers send the evaluator their ranges themselves: the coordinator sees no
+         * parameters. During a cut the model comes here anyway (fetched() asks again). */
+        if (r->cut_phase != 0) {
+            ev->wanted = 1;
+            return;
+        }
+        if (omv_eval_send(ev, r->env.router, &m->peer, NULL, 0, omv_run_epoch(r),
+                          omv_run_train_seconds(r), 0)) {
+            omv_msg_t msg = {.type = OMV_MSG_SERVER};
+            msg.u.server.op = OMV_SERVER_GATHER;
+            msg.u.server.gather_id = ev->id;
+            msg.u.server.params_only = 1;
+            msg.u.server.worker_id = ev->evaluator;
+            omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
+            r->direct_evals_total++;
+        }
+        return;
+    }
     if (remote(r) && !r->fetched_final && !r->fetch_fresh) {
         ev->wanted = 1; /* once the servers' ranges are in */
         fetch_model(r, r->state == JOB_FINISHING);
@@ -329,7 +353,6 @@ static void request_eval(omv_run_t *r)
     r->fetch_fresh = 0;
     if (omv_shardset_gather(r->shards, 0) < 0)
         return;
-    member_t *m = omv_members_get(r->env.members, ev->evaluator);
     omv_eval_send(ev, r->env.router, &m->peer, r->shards->gather_params,
                   (uint32_t)r->layout.param_count, omv_run_epoch(r), omv_run_train_seconds(r),
                   r->state == JOB_FINISHING);
@@ -1342,7 +1365,7 @@ static void finishing(omv_run_t *r)
                      omv_run_train_seconds(r), (unsigned long long)r->steps_total,
                      (unsigned long long)r->images_total);
         if (r->part_gather_wanted)
-            omv_run_part_gather(r, r->part_gather_id, 1, 0);
+            omv_run_part_gather(r, r->part_gather_id, 1, 0, 0);
         return;
     }
     omv_log_info("training finished after %.1f s; final evaluation", omv_run_train_seconds(r));
@@ -1492,6 +1515,7 @@ static void fill_jobspec(const omv_run_t *r, omv_jobspec_t *j)
 /* The model is on shard servers: the Welcome names them, and they learn of the newcomer. */
 static void offer_servers(omv_run_t *r, member_t *m, omv_welcome_t *w)
 {
+    int trainer = m->role == OMV_ROLE_TRAINER;
     uint64_t token = omv_random_token(m);
     m->attach_token = token;
     w->attach_token = token;
@@ -1505,7 +1529,7 @@ static void offer_servers(omv_run_t *r, member_t *m, omv_welcome_t *w)
         o->last_shard = s->last;
     }
     w->n_backups = 0;
-    for (uint32_t i = 0; i < r->n_servers; i++) {
+    for (uint32_t i = 0; trainer && i < r->n_servers; i++) { /* an evaluator only reads */
         if (r->backup_ids[i] == 0)
             continue;
         const omv_server_t *s = &r->env.servers->rec[r->backup_ids[i] - 1];
@@ -1515,7 +1539,7 @@ static void offer_servers(omv_run_t *r, member_t *m, omv_welcome_t *w)
         o->first_shard = s->first;
         o->last_shard = s->last;
     }
-    tell_member(r, m, OMV_SERVER_MEMBER_ALIVE);
+    tell_member(r, m, trainer ? OMV_SERVER_MEMBER_ALIVE : OMV_SERVER_MEMBER_EVALUATOR);
 }
 
 static void join_trainer(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_welcome_t *w)
@@ -1561,7 +1585,11 @@ int omv_run_join(omv_run_t *r, member_t *m, int rejoin, const char *who, omv_wel
         join_trainer(r, m, rejoin, who, w);
     } else {
         r->eval.evaluator = omv_members_id(r->env.members, m);
-        omv_log_info("evaluator %u (%s) registered", r->eval.evaluator, who);
+        m->attach_token = 0;
+        if (remote(r))
+            offer_servers(r, m, w); /* it reads the ranges from them (request_eval) */
+        omv_log_info("evaluator %u (%s) registered%s", r->eval.evaluator, who,
+                     remote(r) ? ": the shard servers send it the model to evaluate" : "");
     }
     return 0;
 }
@@ -2606,8 +2634,59 @@ void omv_run_part_start(omv_run_t *r)
         start(r, " (the coordinator started it)");
 }
 
-void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final, int params_only)
+/* An evaluation's gather: the range to the evaluator, as Params whose step is the evaluation's
+ * id. */
+static void send_to_evaluator(omv_run_t *r, uint64_t eval_id, uint32_t evaluator)
 {
+    member_t *m = omv_members_get(r->env.members, evaluator);
+    uint32_t off = r->shards->offsets[r->part.first];
+    uint32_t count = r->shards->offsets[r->part.last] - off;
+    if (m == NULL || m->state != MEMBER_ALIVE || m->role != OMV_ROLE_EVALUATOR) {
+        omv_log_warn("evaluation %llu: worker %u is not the job's evaluator here",
+                     (unsigned long long)eval_id, evaluator);
+        return;
+    }
+    if (m->peer.len == 0) { /* told of it, not attached yet: sent when it does */
+        r->eval_pending = eval_id;
+        r->eval_pending_to = evaluator;
+        return;
+    }
+    r->eval_pending = 0;
+    if (omv_shardset_gather(r->shards, 0) < 0) {
+        omv_log_error("cannot gather shards [%u, %u) for the evaluator", r->part.first,
+                      r->part.last);
+        return;
+    }
+    omv_msg_t msg = {.type = OMV_MSG_PARAMS};
+    msg.u.params = (omv_params_t){.step = eval_id,
+                                  .shard = r->part.first,
+                                  .offset = off,
+                                  .count = count,
+                                  .batch = 1,
+                                  .wire = OMV_WIRE_FP32};
+    int e = omv_router_send(r->env.router, &m->peer, &msg, r->shards->gather_params + off);
+    if (e < 0) {
+        omv_log_warn("cannot send shards [%u, %u) to evaluator %u: %s", r->part.first, r->part.last,
+                     evaluator, omv_strerror(e));
+        return;
+    }
+    r->evals_sent_total++;
+    r->bytes_out_total += (uint64_t)count * sizeof(float);
+}
+
+void omv_run_evaluator_attached(omv_run_t *r, member_t *m)
+{
+    if (r->eval_pending && r->eval_pending_to == omv_members_id(r->env.members, m))
+        send_to_evaluator(r, r->eval_pending, r->eval_pending_to);
+}
+
+void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final, int params_only,
+                         uint32_t evaluator)
+{
+    if (evaluator != 0 && !final && params_only) {
+        send_to_evaluator(r, gather_id, evaluator);
+        return;
+    }
     if (final && r->state < JOB_FINISHING) {
         r->part_gather_wanted = 1; /* once the last step is in */
         r->part_gather_id = gather_id;
@@ -2748,7 +2827,7 @@ static void part_cut_check(omv_run_t *r)
     if (!r->cut_no_ranges) {
         /* A checkpoint's: the range as a part file, or (when it cannot be) to the coordinator. */
         if (r->cut_part_dir[0] == '\0' || omv_run_parts_send(r, r->freeze_id) < 0)
-            omv_run_part_gather(r, r->freeze_id, 0, 0);
+            omv_run_part_gather(r, r->freeze_id, 0, 0, 0);
         return;
     }
     omv_msg_t msg;

@@ -124,10 +124,14 @@ typedef struct {
     uint64_t regroups_total;
     uint64_t pushes_recorded_total;           /* gradients recorded in the groups' bookkeeping */
     uint64_t bytes_in_total, bytes_out_total; /* gradients taken, parameters sent (sockets) */
-    uint64_t serves_total;                    /* steps' parameters sent to members */
-    uint64_t inplace_serves_total;            /* shards a local member read in the model segment */
-    uint64_t inplace_raced_total; /* their gradients refused: the shard changed meanwhile */
-    omv_reconfig_t reconfig;      /* applied when every group is between steps */
+    uint64_t evals_sent_total;   /* a shard server: its range sent to the evaluator itself */
+    uint64_t eval_pending;       /* a shard server: the evaluation to send the evaluator once it */
+    uint32_t eval_pending_to;    /* attaches (0: none), and the evaluator's id */
+    uint64_t direct_evals_total; /* a coordinator: evaluations the servers sent the evaluator */
+    uint64_t serves_total;       /* steps' parameters sent to members */
+    uint64_t inplace_serves_total; /* shards a local member read in the model segment */
+    uint64_t inplace_raced_total;  /* their gradients refused: the shard changed meanwhile */
+    omv_reconfig_t reconfig;       /* applied when every group is between steps */
 
     omv_eval_t eval;
     omv_run_ckpt_t ckpt;
@@ -283,9 +287,12 @@ void omv_run_server_lost(omv_run_t *self, omv_server_t *s);
 void omv_run_adopt(omv_run_t *self, member_t *m, uint32_t slot, uint32_t group);
 /* The coordinator started the job. */
 void omv_run_part_start(omv_run_t *self);
+/* The evaluator m attached: an evaluation that waited for it goes out. */
+void omv_run_evaluator_attached(omv_run_t *self, member_t *m);
 /* The coordinator asks for this server's range: now, or (final) once the job's last step is
- * in. */
-void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final, int params_only);
+ * in; an evaluation's (params_only, evaluator: its member id) goes to the evaluator. */
+void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final, int params_only,
+                         uint32_t evaluator);
 /* A shard server: the coordinator cannot see the part it wrote for checkpoint seq (DROP_PART):
  * it is removed, if it is the last one written here (run_parts.c). */
 void omv_run_parts_drop(omv_run_t *self, uint64_t seq);

@@ -114,6 +114,8 @@ static void section_cluster(const omv_daemon_t *d, const omv_run_t *r, int json,
     omv_kv_int(kv, "shm_inplace_raced_total", (int64_t)r->inplace_raced_total);
     omv_kv_int(kv, "evaluator_alive", r->eval.evaluator != 0);
     omv_kv_int(kv, "evaluations_total", (int64_t)r->eval.n_history);
+    /* The model on shard servers: evaluations whose model the servers sent the evaluator. */
+    omv_kv_int(kv, "evaluations_direct_total", (int64_t)r->direct_evals_total);
     omv_kv_int(kv, "groups", r->job.groups);
     omv_kv_int(kv, "groups_now", omv_groups_count(r->groups));
     omv_kv_int(kv, "staleness", r->job.staleness);

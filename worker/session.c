@@ -462,7 +462,7 @@ static int open_server(session_t *s, const omv_server_info_t *v, uint32_t i, uin
 static int servers_open(session_t *s, const omv_welcome_t *w)
 {
     servers_close(s, 0);
-    if (w->n_servers == 0 || s->cfg->role != OMV_ROLE_TRAINER)
+    if (w->n_servers == 0)
         return 0;
     if (w->servers[w->n_servers - 1].last_shard != w->job.n_shards) {
         omv_log_error("the daemon's shard servers hold %u shards, the job has %u",
@@ -492,9 +492,10 @@ static int servers_open(session_t *s, const omv_welcome_t *w)
                 s->shard_backup[sh] = 0;
         }
     }
-    omv_log_info("worker %u: the model is on %u shard servers%s; pulling from and pushing to "
-                 "them",
-                 s->worker_id, s->n_servers, s->n_backups ? ", with a backup of each" : "");
+    omv_log_info("worker %u: the model is on %u shard servers%s; %s them", s->worker_id,
+                 s->n_servers, s->n_backups ? ", with a backup of each" : "",
+                 s->cfg->role == OMV_ROLE_TRAINER ? "pulling from and pushing to"
+                                                  : "evaluating what comes from");
     return 0;
 }
 
@@ -1259,6 +1260,67 @@ static int train(session_t *s)
     return r;
 }
 
+/* Evaluates params on the test set and sends the result for evaluation eval_id. */
+static int evaluate_model(session_t *s, uint64_t eval_id, uint32_t batch)
+{
+    uint32_t correct = 0;
+    double loss = 0.0;
+    for (uint32_t at = 0; at < s->data.count; at += batch) {
+        uint32_t n = s->data.count - at < batch ? s->data.count - at : batch;
+        uint32_t c;
+        double l;
+        gather(s, s->order + at, n);
+        omv_net_evaluate(s->net, s->params, s->x, s->y, n, &c, &l);
+        correct += c;
+        loss += l;
+        /* A long evaluation must not look like a dead evaluator. */
+        send_heartbeat_if_due(s);
+    }
+    omv_msg_t res = {.type = OMV_MSG_EVAL_RESULT};
+    res.u.eval_result = (omv_eval_result_t){s->worker_id, eval_id, correct, s->data.count,
+                                            (float)(loss / s->data.count)};
+    return send_msg(s, &res, NULL);
+}
+
+/* An evaluation's range from a shard server (Params whose step is the evaluation's id): taken
+ * into params when it is the evaluation awaited (or a newer one, which the coordinator asked
+ * for after the awaited one was given up) and covers whole shards not in yet. Returns 0, or
+ * -EPROTO for a range that does not fit the model. */
+static int take_range(session_t *s, const omv_params_t *p, uint64_t *want, uint32_t *have,
+                      int *asked)
+{
+    const omv_jobspec_t *j = &s->job;
+    uint32_t end = p->shard;
+    while (end < j->n_shards && j->shard_offsets[end + 1] <= p->offset + (uint64_t)p->count)
+        end++;
+    size_t len = 0;
+    const void *data = omv_link_payload(s->from, &len);
+    if (s->from == s->link || p->wire != OMV_WIRE_FP32 || p->shard >= j->n_shards ||
+        p->offset != j->shard_offsets[p->shard] || p->count == 0 || end == p->shard ||
+        j->shard_offsets[end] != p->offset + (uint64_t)p->count ||
+        len != (size_t)p->count * sizeof(float)) {
+        omv_log_error("a shard server sent evaluation %llu's parameters [%u, +%u) from shard %u, "
+                      "which are not whole shards of the model",
+                      (unsigned long long)p->step, p->offset, p->count, p->shard);
+        return -EPROTO;
+    }
+    if (p->step < *want)
+        return 0; /* an evaluation given up */
+    if (p->step > *want) {
+        *want = p->step;
+        *have = 0;
+        *asked = 0;
+        memset(s->got, 0, j->n_shards);
+    }
+    for (uint32_t sh = p->shard; sh < end; sh++)
+        if (s->got[sh])
+            return 0; /* twice: the first is kept */
+    memset(s->got + p->shard, 1, end - p->shard);
+    memcpy(s->params + p->offset, data, len);
+    *have += end - p->shard;
+    return 0;
+}
+
 static int evaluate(session_t *s)
 {
     const omv_jobspec_t *j = &s->job;
@@ -1269,40 +1331,42 @@ static int evaluate(session_t *s)
             return r;
     }
     omv_log_info("evaluator %u: %u test images", s->worker_id, s->data.count);
+    /* With the model on shard servers, the coordinator's request (no parameters) says which
+     * evaluation is due, and each server sends its range itself, in either order. */
+    uint64_t want = 0;
+    uint32_t have = 0;
+    int asked = 0;
     for (;;) {
         omv_msg_t m;
         int r = wait_msg(s, &m, 0);
         if (r != 0)
             return r;
-        if (m.type != OMV_MSG_EVAL_REQUEST) {
+        if (m.type == OMV_MSG_PARAMS) {
+            r = take_range(s, &m.u.params, &want, &have, &asked);
+        } else if (m.type != OMV_MSG_EVAL_REQUEST) {
             omv_log_warn("evaluator ignores %s", omv_msg_name(m.type));
             continue;
-        }
-        size_t len;
-        const void *data = omv_link_payload(s->link, &len);
-        if (m.u.eval_request.count != j->param_count) {
+        } else if (m.u.eval_request.count == 0 && s->n_servers > 0) {
+            if (m.u.eval_request.eval_id > want) {
+                want = m.u.eval_request.eval_id;
+                have = 0;
+                memset(s->got, 0, j->n_shards);
+            }
+            asked |= m.u.eval_request.eval_id == want;
+        } else if (m.u.eval_request.count != j->param_count) {
             omv_log_error("eval snapshot has %u parameters, the model %u", m.u.eval_request.count,
                           j->param_count);
             return -EPROTO;
+        } else {
+            size_t len = 0;
+            const void *data = omv_link_payload(s->link, &len);
+            memcpy(s->params, data, len);
+            r = evaluate_model(s, m.u.eval_request.eval_id, batch);
         }
-        memcpy(s->params, data, len);
-        uint32_t correct = 0;
-        double loss = 0.0;
-        for (uint32_t at = 0; at < s->data.count; at += batch) {
-            uint32_t n = s->data.count - at < batch ? s->data.count - at : batch;
-            uint32_t c;
-            double l;
-            gather(s, s->order + at, n);
-            omv_net_evaluate(s->net, s->params, s->x, s->y, n, &c, &l);
-            correct += c;
-            loss += l;
-            /* A long evaluation must not look like a dead evaluator. */
-            send_heartbeat_if_due(s);
+        if (r == 0 && asked && have == j->n_shards) {
+            asked = 0;
+            r = evaluate_model(s, want, batch);
         }
-        omv_msg_t res = {.type = OMV_MSG_EVAL_RESULT};
-        res.u.eval_result = (omv_eval_result_t){s->worker_id, m.u.eval_request.eval_id, correct,
-                                                s->data.count, (float)(loss / s->data.count)};
-        r = send_msg(s, &res, NULL);
         if (r < 0)
             return r;
     }
