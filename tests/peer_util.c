@@ -72,7 +72,7 @@ void peer_recv(peer_t *p, omv_msg_t *m, float *payload, size_t cap)
     zmq_getsockopt(p->sock, ZMQ_RCVMORE, &more, &sz);
     if (more) {
         int got = zmq_recv(p->sock, payload, cap * sizeof(float), 0);
-        ck_assert_int_eq(got, (int)(omv_wire_payload_count(m) * sizeof(float)));
+        ck_assert_int_eq(got, (int)omv_wire_payload_bytes(m));
     }
 }
 

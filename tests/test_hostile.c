@@ -128,6 +128,93 @@ START_TEST(test_huge_gradient_refused)
 }
 END_TEST
 
+/* Pulls step of a job of wire int8 naming view, and checks every shard came whole (fp32,
+ * beginning a view other than the one named) or, with whole 0, as the next change to view;
+ * model gets the values (changes added to it). Returns the view the answers name. */
+static uint64_t pull_view(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j,
+                          uint64_t view, uint32_t seq, int whole, float *model)
+{
+    omv_msg_t m = {.type = OMV_MSG_PULL};
+    m.u.pull = (omv_pull_t){id, step, view};
+    peer_send(p, &m, NULL, 0);
+    static float part[1 << 16];
+    uint64_t named = 0;
+    for (uint32_t n = 0; n < j->n_shards; n++) {
+        peer_recv(p, &m, part, sizeof(part) / sizeof(part[0]));
+        ck_assert_int_eq(m.type, OMV_MSG_PARAMS);
+        const omv_params_t *q = &m.u.params;
+        ck_assert_int_eq(q->step, step);
+        ck_assert_msg(q->wire == (whole ? OMV_WIRE_FP32 : OMV_WIRE_INT8),
+                      "step %llu shard %u came with wire %u", (unsigned long long)step, q->shard,
+                      q->wire);
+        ck_assert_msg(whole ? q->view != 0 && q->view != view && q->view_seq == 0
+                            : q->view == view && q->view_seq == seq,
+                      "shard %u: view %llx change %u, named %llx", q->shard,
+                      (unsigned long long)q->view, q->view_seq, (unsigned long long)view);
+        ck_assert(named == 0 || named == q->view);
+        named = q->view;
+        if (whole)
+            memcpy(model + q->offset, part, q->count * sizeof(float));
+        else
+            omv_q8_add(model + q->offset, part, q->count);
+    }
+    return named;
+}
+
+/* Pushes step's gradient (small, fp32) for every shard. */
+static void push_small(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j, float *grad)
+{
+    for (size_t i = 0; i < j->param_count; i++)
+        grad[i] = 1e-2f * (float)((i * 7 + step) % 5) - 2e-2f;
+    for (uint32_t s = 0; s < j->n_shards; s++) {
+        uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
+        omv_msg_t push = {.type = OMV_MSG_PUSH};
+        push.u.push = (omv_push_t){id, step, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+        peer_send(p, &push, grad + off, cnt);
+    }
+}
+
+/* With wire int8 a pull names the view of the parameters the worker holds. A peer that names
+ * another (forged, or one the daemon has moved on from) is sent whole shards, beginning a new
+ * view, and never a change against values it does not hold; the daemon refuses nothing and
+ * goes on. The changes to a view track the daemon's parameters to within their rounding. */
+START_TEST(test_int8_forged_view)
+{
+    write_job(1, 2, "groups = 1\nshards = 3\nwire = int8");
+    pid_t d = start_daemon();
+    peer_t p;
+    peer_open(&p);
+    static omv_msg_t w;
+    peer_hello(&p, "forger", &w);
+    const omv_jobspec_t *j = &w.u.welcome.job;
+    uint32_t id = w.u.welcome.worker_id;
+    size_t n = j->param_count;
+    float *view = calloc(n, sizeof(float)), *exact = calloc(n, sizeof(float));
+    float *grad = calloc(n, sizeof(float));
+    uint64_t v = pull_view(&p, id, 0, j, 0, 0, 1, view);
+    push_small(&p, id, 0, j, grad);
+    pull_view(&p, id, 1, j, v, 1, 0, view); /* the view it holds: a change */
+    push_small(&p, id, 1, j, grad);
+    uint64_t v2 = pull_view(&p, id, 2, j, v ^ 0x5a5a, 0, 1, exact); /* forged: whole */
+    for (size_t i = 0; i < n; i++) /* one step apart: within a step's size of the update */
+        ck_assert_msg(fabsf(view[i] - exact[i]) < 0.1f, "parameter %zu: view %g, daemon %g", i,
+                      (double)view[i], (double)exact[i]);
+    push_small(&p, id, 2, j, grad);
+    uint64_t v3 = pull_view(&p, id, 3, j, v, 0, 1, exact); /* the old view: whole again */
+    ck_assert(v3 != v2);
+    memcpy(view, exact, n * sizeof(float));
+    push_small(&p, id, 3, j, grad);
+    pull_view(&p, id, 4, j, v3, 1, 0, view);
+    ck_assert_int_eq((int)status_field("refused_malformed_total"), 0);
+    ck_assert_int_eq((int)status_field("workers_alive"), 1);
+    peer_close(&p);
+    free(view);
+    free(exact);
+    free(grad);
+    shutdown_daemon(d);
+}
+END_TEST
+
 /* Sends m on a local worker's connection as the worker does (omv_shm_batch). Returns how many
  * records went. */
 static int local_send(int conn, const omv_msg_t *m)
@@ -638,6 +725,7 @@ int main(void)
     tcase_add_test(tc, test_hostname_newline);
     tcase_add_test(tc, test_heartbeat_only_member_expires);
     tcase_add_test(tc, test_huge_gradient_refused);
+    tcase_add_test(tc, test_int8_forged_view);
     tcase_add_test(tc, test_local_connection_garbage);
     tcase_add_test(tc, test_control_callers);
     tcase_add_test(tc, test_honest_summary);
