@@ -326,7 +326,8 @@ static void request_eval(omv_run_t *r)
         return;
     }
     member_t *m = omv_members_get(r->env.members, ev->evaluator);
-    if (remote(r) && r->state != JOB_FINISHING && !r->fetch_fresh && m->attach_token) {
+    if (remote(r) && r->state != JOB_FINISHING && !r->fetch_fresh && m->attach_token &&
+        r->n_servers > 0) {
         /* The servers send the evaluator their ranges themselves: the coordinator sees no
          * parameters. During a cut the model comes here anyway (fetched() asks again). */
         if (r->cut_phase != 0) {

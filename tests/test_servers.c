@@ -1365,6 +1365,100 @@ static void peer_attach(peer_t *b, uint32_t id, uint64_t token)
     }
 }
 
+/* Registers p as an evaluator once the job is on its servers (an evaluator that comes before
+ * waits for it, told to register again); *w gets the Welcome naming the servers. */
+static void evaluator_hello(peer_t *p, omv_msg_t *w)
+{
+    for (int64_t until = omv_time_ms() + 20000;;) {
+        omv_msg_t m = {.type = OMV_MSG_HELLO};
+        m.u.hello.protocol_version = OMV_PROTOCOL_VERSION;
+        m.u.hello.role = OMV_ROLE_EVALUATOR;
+        omv_strlcpy(m.u.hello.hostname, "late-evaluator", sizeof(m.u.hello.hostname));
+        peer_send(p, &m, NULL, 0);
+        peer_recv(p, w, NULL, 0);
+        ck_assert_msg(w->type == OMV_MSG_WELCOME, "evaluator: %s", omv_msg_name(w->type));
+        if (!w->u.welcome.idle && w->u.welcome.n_servers > 0)
+            return;
+        do /* told to register again once the job is there */
+            peer_recv(p, &m, NULL, 0);
+        while (m.type != OMV_MSG_STOP);
+        ck_assert_msg(omv_time_ms() < until, "the job never came to its servers");
+    }
+}
+
+START_TEST(test_servers_evaluator_attaches_late)
+{
+    /* The servers send an evaluation's model to the evaluator themselves. One that has not
+     * attached when its evaluation is asked for is sent it as soon as it does: here a peer
+     * playing the evaluator attaches only once the coordinator's request (no parameters) has
+     * come. Each server's range comes whole, as Params whose step is the evaluation's id; the
+     * result goes to the coordinator, which counts the evaluation as direct. */
+    write_job(2, 4, "groups = 1\nstaleness = none\nservers = 2\nshards = 4");
+    pid_t d = start_coordinator("servers"), s[2] = {start_shard(0), start_shard(1)};
+    peer_t p;
+    peer_open(&p);
+    static omv_msg_t w;
+    evaluator_hello(&p, &w);
+    const omv_welcome_t *wl = &w.u.welcome;
+    ck_assert_uint_eq(wl->n_servers, 2);
+    ck_assert_uint_eq(wl->n_backups, 0);
+    uint32_t id = wl->worker_id;
+    /* Steps of 10 ms: the job is still running when the peer attaches. */
+    pid_t t[2] = {start_worker_slow("trainer", "10"), start_worker_slow("trainer", "10")};
+    omv_msg_t m;
+    do { /* the evaluation after epoch 1 */
+        omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
+        hb.u.heartbeat.worker_id = id;
+        peer_send(&p, &hb, NULL, 0);
+        peer_recv(&p, &m, NULL, 0);
+    } while (m.type == OMV_MSG_HEARTBEAT);
+    ck_assert_msg(m.type == OMV_MSG_EVAL_REQUEST && m.u.eval_request.count == 0,
+                  "%s with %u parameters", omv_msg_name(m.type), m.u.eval_request.count);
+    uint64_t eval_id = m.u.eval_request.eval_id;
+    float *model = calloc(wl->job.param_count, sizeof(float));
+    uint32_t covered = 0;
+    peer_t v[2];
+    for (uint32_t k = 0; k < 2; k++) {
+        char saved[sizeof(endpoint)];
+        omv_strlcpy(saved, endpoint, sizeof(saved));
+        omv_strlcpy(endpoint, wl->servers[k].endpoint, sizeof(endpoint));
+        peer_open(&v[k]);
+        omv_strlcpy(endpoint, saved, sizeof(endpoint));
+        peer_attach(&v[k], id, wl->attach_token);
+        peer_recv(&v[k], &m, model, wl->job.param_count);
+        const omv_params_t *q = &m.u.params;
+        ck_assert_msg(m.type == OMV_MSG_PARAMS && q->step == eval_id && q->wire == OMV_WIRE_FP32 &&
+                          q->shard == wl->servers[k].first_shard &&
+                          q->offset == wl->job.shard_offsets[q->shard] &&
+                          q->offset + q->count == wl->job.shard_offsets[wl->servers[k].last_shard],
+                      "server %u sent %s step %llu shard %u [%u, +%u)", k, omv_msg_name(m.type),
+                      (unsigned long long)q->step, q->shard, q->offset, q->count);
+        covered += q->count;
+    }
+    ck_assert_uint_eq(covered, wl->job.param_count);
+    m = (omv_msg_t){.type = OMV_MSG_EVAL_RESULT};
+    m.u.eval_result = (omv_eval_result_t){id, eval_id, 90, 100, 0.5f};
+    peer_send(&p, &m, NULL, 0);
+    wait_status("evaluations_direct_total", 1, 10000);
+    wait_status("evaluations_total", 1, 10000);
+    for (int k = 0; k < 2; k++)
+        peer_close(&v[k]);
+    peer_close(&p); /* gone: the job ends without a final evaluation */
+    free(model);
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done(&body, 120000);
+    omv_strbuf_fini(&body);
+    stop_workers(t, 2);
+    shutdown_daemon(d);
+    char text[65536];
+    for (int i = 0; i < 2; i++) {
+        stop_shard(s[i], i, text, sizeof(text));
+        ck_assert_msg(has_text(text, "the coordinator's evaluations come from here"), "%s", text);
+    }
+}
+END_TEST
+
 START_TEST(test_servers_backup_flooded)
 {
     /* A registered worker floods a backup with pushes for a step far ahead (a bug, or a peer
@@ -1544,6 +1638,7 @@ static Suite *servers_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     ADD_TEST(tc, test_servers_bit_identical);
+    ADD_TEST(tc, test_servers_evaluator_attaches_late);
     ADD_TEST(tc, test_servers_three_fp32);
     ADD_TEST(tc, test_servers_checkpoint_is_a_cut);
     ADD_TEST(tc, test_servers_parts_not_shared);
