@@ -70,7 +70,8 @@ HOT void omv_q8_encode(void *dst, const float *src, float *residual, size_t n)
     }
 }
 
-HOT void omv_q8_decode(float *dst, const void *src, size_t n)
+/* dst[n] = (add: dst +) the values src stands for; add is a constant where it is inlined. */
+static inline void decode_into(float *dst, const void *src, size_t n, int add)
 {
     size_t blocks = omv_q8_blocks(n);
     const unsigned char *scales = src;
@@ -80,8 +81,16 @@ HOT void omv_q8_decode(float *dst, const void *src, size_t n)
         float scale;
         memcpy(&scale, scales + b * sizeof(float), sizeof(scale));
         for (size_t i = 0; i < len; i++)
-            dst[at + i] = (float)q[at + i] * scale;
+            if (add)
+                dst[at + i] += (float)q[at + i] * scale;
+            else
+                dst[at + i] = (float)q[at + i] * scale;
     }
+}
+
+HOT void omv_q8_decode(float *dst, const void *src, size_t n)
+{
+    decode_into(dst, src, n, 0);
 }
 
 HOT void omv_q8_encode_delta(void *dst, const float *params, float *view, size_t n)
@@ -104,14 +113,5 @@ HOT void omv_q8_encode_delta(void *dst, const float *params, float *view, size_t
 
 HOT void omv_q8_add(float *view, const void *src, size_t n)
 {
-    size_t blocks = omv_q8_blocks(n);
-    const unsigned char *scales = src;
-    const int8_t *q = (const int8_t *)(scales + blocks * sizeof(float));
-    for (size_t b = 0; b < blocks; b++) {
-        size_t at = b * OMV_Q8_BLOCK, len = n - at < OMV_Q8_BLOCK ? n - at : OMV_Q8_BLOCK;
-        float scale;
-        memcpy(&scale, scales + b * sizeof(float), sizeof(scale));
-        for (size_t i = 0; i < len; i++)
-            view[at + i] += (float)q[at + i] * scale;
-    }
+    decode_into(view, src, n, 1);
 }

@@ -84,6 +84,18 @@ START_TEST(test_unread_flood)
 }
 END_TEST
 
+/* Pushes grad[param_count] as step's gradient, every shard as fp32. */
+static void push_grad(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_t *j,
+                      const float *grad)
+{
+    for (uint32_t s = 0; s < j->n_shards; s++) {
+        uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
+        omv_msg_t push = {.type = OMV_MSG_PUSH};
+        push.u.push = (omv_push_t){id, step, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
+        peer_send(p, &push, grad + off, cnt);
+    }
+}
+
 /* A registered trainer that pushes 3e38 in every element (finite, so no NaN check catches it)
  * after some ordinary steps: each shard refuses it as far outside the norms it has been
  * receiving, and the step goes on without it, leaving the model as it was. */
@@ -106,14 +118,9 @@ START_TEST(test_huge_gradient_refused)
         pull_model(&p, id, step, j, model);
         for (size_t i = 0; i < n; i++)
             grad[i] = (step == 12 ? 3e38f : 1e-3f) * (i % 2 ? 1.0f : -1.0f);
-        for (uint32_t s = 0; s < j->n_shards; s++) {
-            uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
-            omv_msg_t push = {.type = OMV_MSG_PUSH};
-            push.u.push = (omv_push_t){id, step, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
-            peer_send(&p, &push, grad + off, cnt);
-            if (step == 12)
-                expect_error(&p, OMV_REFUSE_NORM);
-        }
+        push_grad(&p, id, step, j, grad);
+        for (uint32_t s = 0; step == 12 && s < j->n_shards; s++)
+            expect_error(&p, OMV_REFUSE_NORM);
     }
     pull_model(&p, id, step, j, after);
     ck_assert_int_eq(memcmp(model, after, n * sizeof(float)), 0);
@@ -166,12 +173,7 @@ static void push_small(peer_t *p, uint32_t id, uint64_t step, const omv_jobspec_
 {
     for (size_t i = 0; i < j->param_count; i++)
         grad[i] = 1e-2f * (float)((i * 7 + step) % 5) - 2e-2f;
-    for (uint32_t s = 0; s < j->n_shards; s++) {
-        uint32_t off = j->shard_offsets[s], cnt = j->shard_offsets[s + 1] - off;
-        omv_msg_t push = {.type = OMV_MSG_PUSH};
-        push.u.push = (omv_push_t){id, step, s, off, cnt, 1.0f, 32, 1.0f, OMV_WIRE_FP32};
-        peer_send(p, &push, grad + off, cnt);
-    }
+    push_grad(p, id, step, j, grad);
 }
 
 /* With wire int8 a pull names the view of the parameters the worker holds. A peer that names
