@@ -16,13 +16,19 @@
 static inline void encode_block(int8_t *q, float *scale_p, const float *v, float *residual,
                                 size_t n)
 {
-    float amax = 0.0f;
-    int bad = 0;
+    /* The largest magnitude, from the values' bits: for finite floats without their sign the
+     * order of the bits is the order of the values, and integer reductions vectorise where a
+     * float maximum (NaN's rules) does not. An exponent of all ones is NaN or infinite. */
+    uint32_t top = 0, bad = 0;
     for (size_t i = 0; i < n; i++) {
-        float a = fabsf(v[i]);
-        bad |= !(a <= FLT_MAX); /* NaN or infinite */
-        amax = a > amax ? a : amax;
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof(u));
+        u &= 0x7fffffffu;
+        bad |= u >= 0x7f800000u;
+        top = u > top ? u : top;
     }
+    float amax;
+    memcpy(&amax, &top, sizeof(amax));
     if (bad) {
         *scale_p = NAN;
         memset(q, 0, n);

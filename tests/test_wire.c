@@ -492,6 +492,15 @@ START_TEST(test_q8_by_hand)
     ck_assert_int_eq(tq[1], 0);
     ck_assert_int_eq(tq[2], 2);
     ck_assert_int_eq(tq[3], 0);
+    /* The largest magnitude may be negative; -0 and a subnormal are small values as any. */
+    const float neg[4] = {0.3f, -3.81f, -0.0f, 1e-40f};
+    omv_q8_encode(tbuf, neg, NULL, 4);
+    memcpy(&scale, tbuf, sizeof(scale));
+    ck_assert_float_eq_tol(scale, 0.03f, 1e-8f);
+    ck_assert_int_eq(tq[0], 10);
+    ck_assert_int_eq(tq[1], -127);
+    ck_assert_int_eq(tq[2], 0);
+    ck_assert_int_eq(tq[3], 0);
 }
 END_TEST
 
@@ -554,6 +563,10 @@ START_TEST(test_q8_non_finite)
     ck_assert_float_eq_tol(back[N - 1], 0.75f, 1e-6f);
     for (int i = 0; i < B; i++)
         ck_assert(residual[i] == 0.0f);
+    v[10] = -INFINITY; /* the sign does not hide it */
+    omv_q8_encode(buf, v, NULL, N);
+    omv_q8_decode(back, buf, N);
+    ck_assert(isnan(back[0]) && !isnan(back[B]));
     v[10] = NAN;
     omv_q8_encode(buf, v, NULL, N);
     omv_q8_decode(back, buf, N);
