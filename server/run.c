@@ -1292,12 +1292,17 @@ static void log_views(const omv_run_t *r)
         all.bytes += v.bytes;
         all.changes += v.changes;
         all.wholes += v.wholes;
+        all.buffers += v.buffers;
     }
+    /* A change goes out from its view's buffer, shared by the messages that carry it: another
+     * buffer is made only when the last change is still on its way out as the next is made. */
     if (all.changes + all.wholes > 0)
         omv_log_info("job '%s': shards were sent as %llu int8 changes and %llu whole; %llu views "
-                     "of shards are kept for the workers (%.1f MB)",
+                     "of shards are kept for the workers (%.1f MB); %llu change buffers were made "
+                     "beside the views' own",
                      r->job.name, (unsigned long long)all.changes, (unsigned long long)all.wholes,
-                     (unsigned long long)all.views, (double)all.bytes / 1e6);
+                     (unsigned long long)all.views, (double)all.bytes / 1e6,
+                     (unsigned long long)all.buffers);
 }
 
 static void log_end(omv_run_t *r, job_state_t state, const char *why)

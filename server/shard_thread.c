@@ -28,6 +28,13 @@ typedef struct {
     uint32_t wire;    /* OMV_WIRE_*: how data holds it */
 } snapshot_t;
 
+/* A view's last change, as sent: the view holds a reference, and so does each message that
+ * carries it until ZeroMQ lets go of it (on whichever thread); the last frees it. */
+typedef struct {
+    atomic_int refs;
+    unsigned char bytes[];
+} change_t;
+
 /* Job wire int8: the parameters as a worker holds them (its view, common/q8.h), which the
  * changes it is sent are taken against. The members of a synchronous group are sent the same
  * versions, so their views are equal: they share one, which the first of them to be served a
@@ -37,7 +44,7 @@ typedef struct view {
     struct view *next;
     uint32_t refs;          /* readers that hold it */
     uint64_t lineage, from; /* its values now, and before its last change (0: none) */
-    unsigned char *change;  /* [omv_q8_bytes(count)] that last change */
+    change_t *change;       /* that last change: [omv_q8_bytes(count)] bytes */
     float values[];
 } view_t;
 
@@ -81,6 +88,7 @@ struct omv_shard_thread {
     reader_t *readers; /* [OMV_SHARD_VIEWS_MAX + 1] by worker id, once one is needed */
     view_t *views;     /* every view a reader holds */
     atomic_uint_fast64_t n_views, changes_sent, wholes_sent;
+    atomic_uint_fast64_t change_buffers; /* made because the last was still on its way out */
     uint8_t extra[sizeof(((omv_peer_t *)0)->id) + OMV_WIRE_MAX_ENVELOPE];
 };
 
@@ -100,6 +108,26 @@ static void release_copy(void *data, void *hint)
     omv_shard_thread_t *self = hint;
     free(data);
     atomic_fetch_add_explicit(&self->copies_freed, 1, memory_order_release);
+}
+
+static change_t *change_new(size_t count)
+{
+    change_t *c = malloc(sizeof(*c) + omv_q8_bytes(count ? count : 1));
+    if (c)
+        atomic_init(&c->refs, 1);
+    return c;
+}
+
+static void change_release(change_t *c)
+{
+    if (c && atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) == 1)
+        free(c);
+}
+
+static void release_change(void *data, void *hint)
+{
+    (void)data;
+    change_release(hint);
 }
 
 /* A snapshot of the current version as wire stores it: the one already made, or a free one
@@ -366,7 +394,7 @@ static void drop_view(omv_shard_thread_t *self, reader_t *rd)
             *p = v->next;
             break;
         }
-    free(v->change);
+    change_release(v->change);
     free(v);
     atomic_fetch_sub_explicit(&self->n_views, 1, memory_order_relaxed);
 }
@@ -388,7 +416,7 @@ static view_t *begin_view(omv_shard_thread_t *self, uint64_t lineage)
             return v;
         }
     view_t *v = malloc(sizeof(*v) + (sh->count ? sh->count : 1) * sizeof(float));
-    unsigned char *change = v ? malloc(omv_q8_bytes(sh->count ? sh->count : 1)) : NULL;
+    change_t *change = v ? change_new(sh->count) : NULL;
     if (change == NULL) {
         free(v);
         return NULL;
@@ -400,26 +428,45 @@ static view_t *begin_view(omv_shard_thread_t *self, uint64_t lineage)
     return v;
 }
 
-/* Writes the worker's next Params values into dst (room for the whole shard as fp32): the
- * change from its view to the parameters as they are (its group's first member to ask makes
- * it; the others take its bytes), or, to begin a view (a new one named, or its view changed
- * by a member that was sent another version: it left the group), the whole shard. Sets the
- * message's wire and view. Returns 0, or -ENOMEM. */
-static int next_view(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_params_t *p,
-                     void *dst)
+/* A change of view v to the parameters as they are, into its buffer: a new buffer when messages
+ * still carry the last one (a reference besides the view's). Returns 0 or -ENOMEM. */
+static int make_change(omv_shard_thread_t *self, view_t *v)
 {
     const omv_shard_t *sh = self->shard;
+    if (atomic_load_explicit(&v->change->refs, memory_order_acquire) > 1) {
+        change_t *c = change_new(sh->count);
+        if (c == NULL)
+            return -ENOMEM;
+        change_release(v->change);
+        v->change = c;
+        atomic_fetch_add_explicit(&self->change_buffers, 1, memory_order_relaxed);
+    }
+    omv_q8_encode_delta(v->change->bytes, sh->params, v->values, sh->count);
+    return 0;
+}
+
+/* The view the worker's next Params come from: the change from its view to the parameters as
+ * they are (its group's first member to ask makes it; the others send its bytes), or, to begin
+ * a view (a new one named, or its view changed by a member that was sent another version: it
+ * left the group), the whole shard. Sets the message's wire and view. Returns the view, or NULL
+ * (-ENOMEM or -EINVAL in *err). */
+static view_t *next_view(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_params_t *p,
+                         int *err)
+{
+    *err = -EINVAL;
     if (cmd->worker_id == 0 || cmd->worker_id > OMV_SHARD_VIEWS_MAX)
-        return -EINVAL;
+        return NULL;
+    *err = -ENOMEM;
     if (self->readers == NULL) /* a job of another wire never needs them */
         self->readers = calloc(OMV_SHARD_VIEWS_MAX + 1, sizeof(reader_t));
     if (self->readers == NULL)
-        return -ENOMEM;
+        return NULL;
     reader_t *rd = &self->readers[cmd->worker_id];
     view_t *v = rd->id == cmd->view ? rd->v : NULL;
     uint64_t target = v ? lineage_next(rd->lineage, self->version) : 0;
     if (v && v->lineage == rd->lineage) {
-        omv_q8_encode_delta(v->change, sh->params, v->values, sh->count);
+        if (make_change(self, v) < 0)
+            return NULL;
         v->from = rd->lineage;
         v->lineage = target;
     } else if (!(v && v->from == rd->lineage && v->lineage == target)) {
@@ -427,46 +474,65 @@ static int next_view(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_p
         target = lineage_next(0, self->version);
         v = begin_view(self, target);
         if (v == NULL)
-            return -ENOMEM;
+            return NULL;
         *rd = (reader_t){cmd->view, 0, target, v};
-        memcpy(dst, v->values, sh->count * sizeof(float));
         p->wire = OMV_WIRE_FP32;
         p->view = rd->id;
         p->view_seq = 0;
         atomic_fetch_add_explicit(&self->wholes_sent, 1, memory_order_relaxed);
-        return 0;
+        return v;
     }
-    memcpy(dst, v->change, omv_q8_bytes(sh->count));
     rd->lineage = target;
     rd->seq++;
     p->wire = OMV_WIRE_INT8;
     p->view = rd->id;
     p->view_seq = rd->seq;
     atomic_fetch_add_explicit(&self->changes_sent, 1, memory_order_relaxed);
-    return 0;
+    return v;
+}
+
+/* The payload of Params from view v: its change's bytes, without a copy; or (a view's
+ * beginning) its values whole, in a copy of their own. Returns 0 or -ENOMEM. */
+static int view_payload(omv_shard_thread_t *self, const view_t *v, uint32_t wire,
+                        omv_payload_t *payload)
+{
+    const omv_shard_t *sh = self->shard;
+    if (wire == OMV_WIRE_INT8) {
+        change_t *c = v->change;
+        atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+        int r =
+            omv_payload_init_shared(payload, c->bytes, omv_q8_bytes(sh->count), release_change, c);
+        if (r < 0)
+            change_release(c);
+        return r;
+    }
+    float *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
+    if (copy == NULL)
+        return -ENOMEM;
+    memcpy(copy, v->values, sh->count * sizeof(float));
+    int r = omv_payload_init_shared(payload, copy, sh->count * sizeof(float), release_copy, self);
+    if (r < 0)
+        free(copy); /* ZeroMQ took nothing, so it will never call release_copy */
+    else
+        atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
+    return r;
 }
 
 /* Answers a pull of a job of wire int8 with the change from the worker's view, or the whole
- * shard to begin one (next_view), in a copy of its own. */
+ * shard to begin one (next_view). */
 static void serve_change(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, omv_msg_t *m,
                          const uint8_t *peer, size_t peer_len)
 {
-    omv_shard_t *sh = self->shard;
-    void *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
-    int r = copy ? next_view(self, cmd, &m->u.params, copy) : -ENOMEM;
+    int r;
+    view_t *v = next_view(self, cmd, &m->u.params, &r);
     uint8_t env[1024];
     size_t env_len;
     omv_payload_t payload;
-    if (r == 0)
+    if (v != NULL)
         r = omv_wire_encode(m, env, sizeof(env), &env_len);
-    if (r == 0) {
-        r = omv_payload_init_shared(
-            &payload, copy, omv_wire_value_bytes(m->u.params.wire, sh->count), release_copy, self);
-        if (r == 0)
-            atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
-    }
-    if (r < 0) {
-        free(copy);
+    if (v != NULL && r == 0)
+        r = view_payload(self, v, m->u.params.wire, &payload);
+    if (v == NULL || r < 0) {
         omv_log_error("shard %u cannot answer worker %u's pull: %s", self->index, cmd->worker_id,
                       omv_strerror(r));
         return;
@@ -805,6 +871,7 @@ void omv_shard_thread_views(const omv_shard_thread_t *self, omv_shard_views_t *r
         ret->views * (self->shard->count * sizeof(float) + omv_q8_bytes(self->shard->count));
     ret->changes = atomic_load_explicit(&me->changes_sent, memory_order_relaxed);
     ret->wholes = atomic_load_explicit(&me->wholes_sent, memory_order_relaxed);
+    ret->buffers = atomic_load_explicit(&me->change_buffers, memory_order_relaxed);
 }
 
 void omv_shard_thread_stats(const omv_shard_thread_t *self, uint64_t *ret_snapshots,

@@ -134,6 +134,7 @@ void omv_shard_thread_counts(const omv_shard_thread_t *self, uint64_t *ret_appli
 typedef struct {
     uint64_t views, bytes;    /* held now */
     uint64_t changes, wholes; /* pulls answered with a change, and with the whole shard */
+    uint64_t buffers;         /* change buffers made since their view's first (one still out) */
 } omv_shard_views_t;
 void omv_shard_thread_views(const omv_shard_thread_t *self, omv_shard_views_t *ret);
 
