@@ -278,7 +278,7 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
         break;
     case OMV_SERVER_GATHER:
         if (d->run && !backup)
-            omv_run_part_gather(d->run, u->gather_id, u->final, u->params_only, u->worker_id);
+            omv_run_part_gather(d->run, u);
         break;
     case OMV_SERVER_END:
         drop_part(d, "the job is over");

@@ -23,6 +23,7 @@ static void request_eval(omv_run_t *r);
 static void record_early(omv_run_t *r);
 static void cut_checkpoint(omv_run_t *r);
 static void part_cut_check(omv_run_t *r);
+static void part_finished(omv_run_t *r);
 static void admit_joins(omv_run_t *r);
 static void failover_done(omv_run_t *r);
 static uint32_t make_change(omv_run_t *r, const omv_reconfig_t *rc, uint64_t clock, int live,
@@ -296,6 +297,29 @@ static int fetch_buffers(omv_run_t *r)
     return 0;
 }
 
+/* The model on shard servers: whether they send the evaluator their ranges themselves (it
+ * attached to them), or there is no evaluator. */
+static int evals_direct(const omv_run_t *r)
+{
+    if (r->eval.evaluator == 0)
+        return 1;
+    const member_t *m = omv_members_get(r->env.members, r->eval.evaluator);
+    return m && m->attach_token && r->n_servers > 0;
+}
+
+/* Whether the coordinator's shards hold the model: it is not on servers, or a gather of it
+ * came (and the final model is not in the servers' parts). */
+static int model_here(const omv_run_t *r)
+{
+    return !remote(r) || r->fetch_fresh || (r->fetched_final && !r->final_in_parts);
+}
+
+/* Whether the final model is where the job's end needs it: checkpoints off, or in. */
+static int final_model_in(const omv_run_t *r)
+{
+    return !remote(r) || !r->ckpt.enabled || r->fetched_final;
+}
+
 static void fetch_model(omv_run_t *r, int final)
 {
     if (r->cut_phase != 0 || (r->fetch_left > 0 && (r->fetch_final || !final)))
@@ -313,6 +337,16 @@ static void fetch_model(omv_run_t *r, int final)
     msg.u.server.gather_id = r->fetch_id;
     msg.u.server.final = final;
     msg.u.server.params_only = !final;
+    /* The final model for its checkpoint alone (its evaluation went to the evaluator): each
+     * server writes its range as a part, as at a checkpoint's cut, and the manifest names them. */
+    if (final)
+        r->cut_parts = evals_direct(r) && r->ckpt.enabled && omv_run_parts_wanted(r);
+    if (final && r->cut_parts) {
+        r->cut_seq = r->ckpt.seq + 1;
+        memset(r->parts_how, 0, sizeof(r->parts_how));
+        omv_strlcpy(msg.u.server.part_dir, r->ckpt.dir, sizeof(msg.u.server.part_dir));
+        msg.u.server.part_seq = r->cut_seq;
+    }
     omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
 }
 
@@ -326,19 +360,21 @@ static void request_eval(omv_run_t *r)
         return;
     }
     member_t *m = omv_members_get(r->env.members, ev->evaluator);
-    if (remote(r) && r->state != JOB_FINISHING && !r->fetch_fresh && m->attach_token &&
-        r->n_servers > 0) {
-        /* The servers send the evaluator their ranges themselves: the coordinator sees no
-         * parameters. During a cut the model comes here anyway (fetched() asks again). */
+    int final = r->state == JOB_FINISHING;
+    if (!model_here(r) && evals_direct(r)) {
+        /* The servers send the evaluator their ranges themselves (the final one's once their
+         * last step is in): the coordinator sees no parameters. During a cut the model comes
+         * here anyway (fetched() asks again). */
         if (r->cut_phase != 0) {
             ev->wanted = 1;
             return;
         }
         if (omv_eval_send(ev, r->env.router, &m->peer, NULL, 0, omv_run_epoch(r),
-                          omv_run_train_seconds(r), 0)) {
+                          omv_run_train_seconds(r), final)) {
             omv_msg_t msg = {.type = OMV_MSG_SERVER};
             msg.u.server.op = OMV_SERVER_GATHER;
             msg.u.server.gather_id = ev->id;
+            msg.u.server.final = final;
             msg.u.server.params_only = 1;
             msg.u.server.worker_id = ev->evaluator;
             omv_servers_send_run(r->env.servers, r->env.router, r->id, &msg);
@@ -346,9 +382,9 @@ static void request_eval(omv_run_t *r)
         }
         return;
     }
-    if (remote(r) && !r->fetched_final && !r->fetch_fresh) {
+    if (!model_here(r)) {
         ev->wanted = 1; /* once the servers' ranges are in */
-        fetch_model(r, r->state == JOB_FINISHING);
+        fetch_model(r, final);
         return;
     }
     r->fetch_fresh = 0;
@@ -372,10 +408,10 @@ void omv_run_eval_result(omv_run_t *r, member_t *m, const omv_eval_result_t *e)
                  e->loss, e->total);
     if (r->state == JOB_FINISHING) {
         r->final_eval = ev->final_sent;
-        if (ev->final_sent)
+        if (ev->final_sent && final_model_in(r))
             omv_run_finish(r, JOB_DONE, "job done");
-        else
-            request_eval(r);
+        else if (!ev->final_sent)
+            request_eval(r); /* else done once the final model is in its parts */
     } else if (r->job.stop_at_accuracy > 0 && acc >= r->job.stop_at_accuracy &&
                r->state == JOB_RUNNING) {
         omv_log_info("test accuracy %.4f reached [job] stop_at_accuracy = %g after %.1f s", acc,
@@ -415,7 +451,7 @@ static int write_checkpoint(omv_run_t *r)
         omv_log_warn("no checkpoint: the model is on shard servers and no cut of it is in");
         return -ENOTSUP;
     }
-    if (remote(r) && r->cut_phase == 3 && omv_run_parts_remote(r))
+    if (remote(r) && (r->cut_phase == 3 || r->final_in_parts) && omv_run_parts_remote(r))
         return omv_run_parts_write(r, &v); /* the servers wrote the model: a manifest of it */
     if ((omv_tuner_probing(r->tuner) || (r->reconfig.pending && r->reconfig.restore)) &&
         omv_shardset_has_probe_base(r->shards)) {
@@ -1370,8 +1406,7 @@ static void finishing(omv_run_t *r)
         omv_log_info("training finished after %.1f s: %llu steps, %llu images in this part",
                      omv_run_train_seconds(r), (unsigned long long)r->steps_total,
                      (unsigned long long)r->images_total);
-        if (r->part_gather_wanted)
-            omv_run_part_gather(r, r->part_gather_id, 1, 0, 0);
+        part_finished(r);
         return;
     }
     omv_log_info("training finished after %.1f s; final evaluation", omv_run_train_seconds(r));
@@ -1417,8 +1452,12 @@ void omv_run_progress(omv_run_t *r)
         part_cut_check(r);
     if (r->state == JOB_RUNNING)
         progress_running(r);
-    if (r->state == JOB_FINISHING && remote(r) && !r->fetched_final) {
+    if (r->state == JOB_FINISHING && !final_model_in(r)) {
         fetch_model(r, 1); /* the final model, for its checkpoint */
+        return;
+    }
+    if (r->state == JOB_FINISHING && r->final_eval) {
+        omv_run_finish(r, JOB_DONE, "job done"); /* its evaluation came before its model */
         return;
     }
     if (r->state == JOB_FINISHING && r->eval.evaluator == 0 && !r->is_part) {
@@ -2279,6 +2318,13 @@ static void fetched(omv_run_t *r)
         checkpoint_if_due(r);
         return;
     }
+    if (r->fetch_final && omv_run_parts_remote(r)) {
+        /* The final model is in the servers' parts, for the manifest: not here. */
+        r->fetched_final = 1;
+        r->final_in_parts = 1;
+        omv_run_progress(r);
+        return;
+    }
     uint64_t steps[OMV_WIRE_MAX_SHARDS];
     for (uint32_t i = 0; i < r->shards->n_shards; i++)
         steps[i] = r->fetch_adam_steps;
@@ -2311,7 +2357,8 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
     size_t want = (size_t)arrays * count * sizeof(float);
     if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
         return; /* an older gather's answer */
-    if (r->cut_phase == 2 && (!r->cut_ranges || (g->part && r->cut_parts)))
+    int parts = r->cut_parts && (r->cut_phase == 2 || r->fetch_final);
+    if ((r->cut_phase == 2 && !r->cut_ranges) || (g->part && parts))
         want = 0; /* a cut without ranges, or the range in a part: the server's steps are in */
     if (g->first_shard != s->first || g->last_shard != s->last || bytes != want ||
         (want > 0 && !g->params_only != !r->fetch_params_only)) {
@@ -2335,9 +2382,9 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
     float *dst[3] = {r->fetch_params, r->fetch_velocity, r->fetch_second};
     for (uint32_t a = 0; want > 0 && a < arrays; a++)
         memcpy(dst[a] + off, payload + (size_t)a * count, count * sizeof(float));
-    if (r->cut_phase == 2 && r->cut_parts && g->part)
+    if (parts && g->part)
         omv_run_parts_take(r, s, g);
-    else if (r->cut_phase == 2 && r->cut_parts && want > 0)
+    else if (parts && want > 0)
         omv_run_parts_came(r, s);
     if (s->first == 0)
         r->fetch_adam_steps = g->adam_steps;
@@ -2686,19 +2733,10 @@ void omv_run_evaluator_attached(omv_run_t *r, member_t *m)
         send_to_evaluator(r, r->eval_pending, r->eval_pending_to);
 }
 
-void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final, int params_only,
-                         uint32_t evaluator)
+/* This server's range to the coordinator (params_only: the parameters alone, else with the
+ * optimizer's state), now. */
+static void gather_range(omv_run_t *r, uint64_t gather_id, int final, int params_only)
 {
-    if (evaluator != 0 && !final && params_only) {
-        send_to_evaluator(r, gather_id, evaluator);
-        return;
-    }
-    if (final && r->state < JOB_FINISHING) {
-        r->part_gather_wanted = 1; /* once the last step is in */
-        r->part_gather_id = gather_id;
-        return;
-    }
-    r->part_gather_wanted = 0;
     uint32_t off = r->shards->offsets[r->part.first];
     uint32_t count = r->shards->offsets[r->part.last] - off;
     uint32_t arrays = params_only ? 1 : state_arrays(r);
@@ -2724,6 +2762,56 @@ void omv_run_part_gather(omv_run_t *r, uint64_t gather_id, int final, int params
         omv_log_error("cannot send shards [%u, %u) to the coordinator: %s", r->part.first,
                       r->part.last, omv_strerror(e));
     free(buf);
+}
+
+/* The final model, once the last step is in: as a part file where the coordinator asked for
+ * one (the range to the coordinator if it cannot be written), else to the coordinator. */
+static void gather_final(omv_run_t *r, uint64_t gather_id)
+{
+    r->part_gather_wanted = 0;
+    if (r->final_part_dir[0] != '\0') {
+        omv_strlcpy(r->cut_part_dir, r->final_part_dir, sizeof(r->cut_part_dir));
+        r->cut_seq = r->final_part_seq;
+        r->final_part_dir[0] = '\0';
+        if (omv_run_parts_send(r, gather_id) == 0)
+            return;
+    }
+    gather_range(r, gather_id, 1, 0);
+}
+
+/* What waited for the last step: the final evaluation's range, the final model. */
+static void part_finished(omv_run_t *r)
+{
+    if (r->final_eval_to != 0) {
+        uint32_t to = r->final_eval_to;
+        r->final_eval_to = 0;
+        send_to_evaluator(r, r->final_eval_id, to);
+    }
+    if (r->part_gather_wanted)
+        gather_final(r, r->part_gather_id);
+}
+
+void omv_run_part_gather(omv_run_t *r, const omv_server_msg_t *u)
+{
+    if (u->worker_id != 0 && u->params_only) {
+        if (!u->final || r->state >= JOB_FINISHING) {
+            send_to_evaluator(r, u->gather_id, u->worker_id);
+        } else {
+            r->final_eval_id = u->gather_id; /* once the last step is in */
+            r->final_eval_to = u->worker_id;
+        }
+        return;
+    }
+    if (!u->final) {
+        gather_range(r, u->gather_id, 0, u->params_only);
+        return;
+    }
+    omv_strlcpy(r->final_part_dir, u->part_dir, sizeof(r->final_part_dir));
+    r->final_part_seq = u->part_seq;
+    r->part_gather_wanted = 1;
+    r->part_gather_id = u->gather_id;
+    if (r->state >= JOB_FINISHING)
+        gather_final(r, u->gather_id);
 }
 
 int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, const float *second,
@@ -2833,7 +2921,7 @@ static void part_cut_check(omv_run_t *r)
     if (!r->cut_no_ranges) {
         /* A checkpoint's: the range as a part file, or (when it cannot be) to the coordinator. */
         if (r->cut_part_dir[0] == '\0' || omv_run_parts_send(r, r->freeze_id) < 0)
-            omv_run_part_gather(r, r->freeze_id, 0, 0, 0);
+            gather_range(r, r->freeze_id, 0, 0);
         return;
     }
     omv_msg_t msg;

@@ -148,6 +148,10 @@ typedef struct {
     omv_run_part_t part;
     int part_gather_wanted;
     uint64_t part_gather_id;
+    char final_part_dir[OMV_WIRE_PATH_MAX]; /* the final gather's part folder ("": none) */
+    uint64_t final_part_seq;
+    uint64_t final_eval_id; /* the final evaluation, to send the evaluator at the last step */
+    uint32_t final_eval_to; /* (0: none) */
     /* On a coordinator whose job has [cluster] servers: the servers that hold the model (in the
      * order of their shards), and a gather of the model from them under way. */
     uint32_t n_servers;
@@ -205,6 +209,7 @@ typedef struct {
      * or the one that reached stop_at_accuracy), and its final checkpoint 1 written, -1 failed,
      * 0 not tried (checkpoints off). */
     int final_eval, final_ckpt;
+    int final_in_parts; /* a coordinator: the final model came as the servers' parts, not here */
     /* A checkpoint's cut over shard servers in parts (run_parts.h): on the coordinator, the
      * checkpoint the parts are for, each range's part by its first shard and how it came
      * (OMV_RUN_PART_*), and whether the servers write parts at all; on a server, the folder and
@@ -289,10 +294,11 @@ void omv_run_adopt(omv_run_t *self, member_t *m, uint32_t slot, uint32_t group);
 void omv_run_part_start(omv_run_t *self);
 /* The evaluator m attached: an evaluation that waited for it goes out. */
 void omv_run_evaluator_attached(omv_run_t *self, member_t *m);
-/* The coordinator asks for this server's range: now, or (final) once the job's last step is
- * in; an evaluation's (params_only, evaluator: its member id) goes to the evaluator. */
-void omv_run_part_gather(omv_run_t *self, uint64_t gather_id, int final, int params_only,
-                         uint32_t evaluator);
+/* The coordinator's GATHER u asks for this server's range: now, or (final) once the job's last
+ * step is in; an evaluation's (params_only, worker_id: the evaluator's member id) goes to the
+ * evaluator, the final model with a part_dir into a part file (the coordinator is told where),
+ * the rest to the coordinator. */
+void omv_run_part_gather(omv_run_t *self, const omv_server_msg_t *u);
 /* A shard server: the coordinator cannot see the part it wrote for checkpoint seq (DROP_PART):
  * it is removed, if it is the last one written here (run_parts.c). */
 void omv_run_parts_drop(omv_run_t *self, uint64_t seq);
