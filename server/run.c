@@ -2319,7 +2319,12 @@ static void fetched(omv_run_t *r)
         return;
     }
     if (r->fetch_final && omv_run_parts_remote(r)) {
-        /* The final model is in the servers' parts, for the manifest: not here. */
+        /* The final model is in the servers' parts, for the manifest: not here. Parts the
+         * coordinator cannot see are no checkpoint: the ranges come here instead. */
+        if (!omv_run_parts_seen(r)) {
+            fetch_model(r, 1);
+            return;
+        }
         r->fetched_final = 1;
         r->final_in_parts = 1;
         omv_run_progress(r);

@@ -226,6 +226,26 @@ static void drop_unseen(omv_run_t *r)
     }
 }
 
+int omv_run_parts_seen(omv_run_t *r)
+{
+    for (uint32_t at = 0; at < r->shards->n_shards && r->parts[at].last > at;
+         at = r->parts[at].last) {
+        if (r->parts_how[at] != OMV_RUN_PART_WRITTEN)
+            continue;
+        omv_checkpoint_part_ref_t ref = r->parts[at];
+        char err[OMV_CHECKPOINT_ERR_MAX];
+        if (settle_part(r, &ref, OMV_RUN_PART_WRITTEN, err) == 0)
+            continue;
+        r->parts_off = 1;
+        drop_unseen(r);
+        omv_log_warn("job '%s': %s; from now on the servers send their ranges to the "
+                     "coordinator, which writes every checkpoint itself",
+                     r->job.name, err);
+        return 0;
+    }
+    return 1;
+}
+
 int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
 {
     omv_checkpoint_part_ref_t refs[OMV_WIRE_MAX_SHARDS];

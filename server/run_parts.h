@@ -35,6 +35,11 @@ int omv_run_parts_remote(const omv_run_t *self);
  * number is not used again. */
 void omv_run_parts_abandon(omv_run_t *self);
 
+/* The coordinator: whether it sees every part its server wrote for this cut (the final
+ * model's, before it counts as in). One it cannot see turns parts off, as at a manifest, and
+ * the servers remove theirs; the caller then gathers the ranges instead. */
+int omv_run_parts_seen(omv_run_t *self);
+
 /* The coordinator: writes the parts whose ranges came here, checks that it sees every part,
  * and writes the manifest from view v (the run's state, without the model). Returns 0 or a
  * negative errno (logged, counted as a failed checkpoint). */

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm.h"
+#include "model.h"
 #include "net.h"
 #include "rng.h"
 #include "testutil.h"
@@ -239,6 +241,97 @@ START_TEST(test_new_refuses)
 }
 END_TEST
 
+/* What the hooks saw of a step: the parameters they let through (the rest NaN until asked
+ * for), and the gradient as it was when each part of it was said to be final. */
+typedef struct {
+    const float *params, *grad;
+    float *given, *final;
+    uint8_t *declared;
+    size_t count, last_from;
+    int needs, readies, late;
+} seen_t;
+
+static void seen_need(void *ctx, size_t from, size_t to)
+{
+    seen_t *h = ctx;
+    ck_assert(from <= to && to <= h->count);
+    memcpy(h->given + from, h->params + from, (to - from) * sizeof(float));
+    h->needs++;
+}
+
+static void seen_ready(void *ctx, size_t from)
+{
+    seen_t *h = ctx;
+    h->late += from > h->last_from; /* from must never grow */
+    h->last_from = from;
+    for (size_t i = from; i < h->count; i++)
+        if (!h->declared[i]) {
+            h->final[i] = h->grad[i];
+            h->declared[i] = 1;
+        }
+    h->readies++;
+}
+
+START_TEST(test_hooks_in_pieces)
+{
+    /* A step told by hooks, its layers cut at the shards' offsets: each large fully connected
+     * layer asks for its parameters piece by piece (the last first) and says its gradient is
+     * final piece by piece. It reads no parameter before asking for it (the others are NaN),
+     * what it says is final does not change after, and loss and gradient are those of the step
+     * without hooks, bit for bit. */
+    const uint32_t widths[] = {64, 96, 32, 10};
+    enum { BATCH = 6 };
+    omv_net_t *a = mlp_new(widths, 4, 8), *b = mlp_new(widths, 4, 8);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    const omv_model_layout_t *l = omv_net_layout(a);
+    size_t n = l->param_count;
+    uint32_t cuts[OMV_MODEL_MAX_SHARDS + 1];
+    uint32_t n_shards = omv_model_shard_layout(l, 6, cuts);
+    ck_assert_uint_ge(n_shards, 5);
+    float *params = malloc(n * sizeof(float)), *given = malloc(n * sizeof(float));
+    float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    float *final = malloc(n * sizeof(float));
+    uint8_t *declared = calloc(n, 1), y[BATCH];
+    float x[BATCH * 64];
+    omv_model_init(l, params, 3);
+    omv_rng_t rng;
+    omv_rng_init(&rng, 5);
+    for (int i = 0; i < BATCH * 64; i++)
+        x[i] = (float)(omv_rng_next(&rng) % 1000) / 500.0f - 1.0f;
+    for (int i = 0; i < BATCH; i++)
+        y[i] = (uint8_t)(omv_rng_next(&rng) % 10);
+    for (size_t i = 0; i < n; i++)
+        given[i] = NAN;
+    float loss_want = omv_net_train_step(a, params, x, y, BATCH, want);
+    seen_t h = {params, got, given, final, declared, n, n, 0, 0, 0};
+    const omv_net_hooks_t hooks = {seen_need, seen_ready, &h, cuts, n_shards + 1};
+    float loss = omv_net_train_step_hooked(b, given, x, y, BATCH, got, &hooks);
+    ck_assert_msg(memcmp(&loss, &loss_want, sizeof(loss)) == 0, "loss %g, without hooks %g", loss,
+                  loss_want);
+    ck_assert_msg(memcmp(got, want, n * sizeof(float)) == 0, "the gradients differ");
+    ck_assert_int_eq(h.late, 0);
+    ck_assert_uint_eq(h.last_from, 0);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(declared[i] && memcmp(&final[i], &got[i], sizeof(float)) == 0,
+                      "gradient %zu changed after it was said to be final", i);
+    /* 3 layers asked for once each at least; cut, the first two ask per piece (and for their
+     * biases first), and say per piece that their gradient is final. */
+    if (omv_gemm_current() != OMV_GEMM_BLAS && omv_gemm_fits(64) && omv_gemm_fits(96)) {
+        ck_assert_msg(h.needs > 3 + 4, "%d asks", h.needs);
+        ck_assert_msg(h.readies > 3 + 3, "%d finals", h.readies);
+    }
+    free(params);
+    free(given);
+    free(want);
+    free(got);
+    free(final);
+    free(declared);
+    omv_net_destroy(&a);
+    omv_net_destroy(&b);
+}
+END_TEST
+
 static Suite *net_suite(void)
 {
     Suite *s = suite_create("net");
@@ -248,6 +341,7 @@ static Suite *net_suite(void)
     tcase_add_test(tc, test_evaluate_by_hand);
     tcase_add_test(tc, test_sgd_learns_blobs);
     tcase_add_test(tc, test_new_refuses);
+    tcase_add_test(tc, test_hooks_in_pieces);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -577,6 +577,27 @@ START_TEST(test_servers_parts_not_shared)
     ck_assert(!ck.finished);
     omv_checkpoint_fini(&ck);
     omv_checkpoint_fini(&spread);
+    /* No checkpoint while training: the final model's parts are the first, and the second
+     * server's is where the coordinator cannot see it. The coordinator finds so as they come,
+     * takes the ranges instead and writes the final checkpoint whole. */
+    ck_assert_int_eq(system(rm), 0);
+    snprintf(cluster, sizeof(cluster), "%s\nservers = 2", sync);
+    write_job(2, 2, cluster);
+    shard_mounts = line;
+    train_on_servers(2, &spread, 1);
+    shard_mounts = NULL;
+    same_model(&one, &spread);
+    snprintf(path, sizeof(path), "%s/coordinator.log", test_dir);
+    read_file(path, text, sizeof(text));
+    ck_assert_msg(has_text(text, "which the coordinator cannot see") &&
+                      has_text(text, "from now on the servers send their ranges"),
+                  "%s", text);
+    snprintf(path, sizeof(path), "%s/checkpoint-00000001.omv", servers_ckpt_dir());
+    ck_assert_msg(omv_checkpoint_read(&ck, path, err) == 0, "%s", err);
+    ck_assert_uint_eq(ck.n_parts, 0);
+    ck_assert(ck.finished);
+    omv_checkpoint_fini(&ck);
+    omv_checkpoint_fini(&spread);
     omv_checkpoint_fini(&one);
 }
 END_TEST

@@ -142,25 +142,59 @@ static void sum_rows(float *db, const float *d, size_t n, uint32_t c)
     sum_rows_to(db, d, n, c, false);
 }
 
-static void fc_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
+void omv_layer_fc_forward_units(omv_layer_t *self, const float *params, const float *in,
+                                uint32_t batch, uint32_t u0, uint32_t u1)
 {
     const omv_model_layer_t *s = &self->spec;
     int k = (int)s->fan_in, n = (int)s->units;
-    /* out[batch][units] = bias + in[batch][fan_in] * W[units][fan_in]^T */
-    omv_gemm_nt((int)batch, n, k, in, k, params + s->w_offset, k, 0.0f, params + s->b_offset,
-                self->out, n);
+    /* out[batch][u0..u1) = bias + in[batch][fan_in] * W[u0..u1)[fan_in]^T */
+    omv_gemm_nt((int)batch, (int)(u1 - u0), k, in, k, params + s->w_offset + (size_t)u0 * k, k,
+                0.0f, params + s->b_offset + u0, self->out + u0, n);
+}
+
+void omv_layer_fc_backward_units(omv_layer_t *self, const float *in, uint32_t batch, float *grad,
+                                 uint32_t u0, uint32_t u1)
+{
+    const omv_model_layer_t *s = &self->spec;
+    int k = (int)s->fan_in, n = (int)s->units;
+    /* dW[u0..u1)[fan_in] = dout^T[u0..u1)[batch] * in[batch][fan_in] */
+    omv_gemm_tn((int)(u1 - u0), k, (int)batch, self->dout + u0, n, in, k, 0.0f,
+                grad + s->w_offset + (size_t)u0 * k, k);
+}
+
+void omv_layer_fc_backward_bias(omv_layer_t *self, uint32_t batch, float *grad)
+{
+    sum_rows(grad + self->spec.b_offset, self->dout, batch, self->spec.units);
+}
+
+void omv_layer_fc_backward_input(omv_layer_t *self, const float *params, float *din, uint32_t batch)
+{
+    const omv_model_layer_t *s = &self->spec;
+    int k = (int)s->fan_in, n = (int)s->units;
+    /* din[batch][fan_in] = dout[batch][units] * W[units][fan_in] */
+    omv_gemm_nn((int)batch, k, n, self->dout, n, params + s->w_offset, k, 0.0f, NULL, din, k);
+}
+
+bool omv_layer_fc_split_exact(const omv_layer_t *self)
+{
+    /* The engine's kernels compute each output from its own row and column alone, in the same
+     * order whatever the part of the product asked for; a BLAS need not. */
+    return self->spec.kind == OMV_LAYER_FC && omv_gemm_current() != OMV_GEMM_BLAS &&
+           omv_gemm_fits((int)self->spec.fan_in);
+}
+
+static void fc_forward(omv_layer_t *self, const float *params, const float *in, uint32_t batch)
+{
+    omv_layer_fc_forward_units(self, params, in, batch, 0, self->spec.units);
 }
 
 static void fc_backward(omv_layer_t *self, const float *params, const float *in, float *din,
                         uint32_t batch, float *grad)
 {
-    const omv_model_layer_t *s = &self->spec;
-    int k = (int)s->fan_in, n = (int)s->units;
-    /* dW[units][fan_in] = dout^T[units][batch] * in[batch][fan_in] */
-    omv_gemm_tn(n, k, (int)batch, self->dout, n, in, k, 0.0f, grad + s->w_offset, k);
-    sum_rows(grad + s->b_offset, self->dout, batch, s->units);
-    if (din != NULL) /* din[batch][fan_in] = dout[batch][units] * W[units][fan_in] */
-        omv_gemm_nn((int)batch, k, n, self->dout, n, params + s->w_offset, k, 0.0f, NULL, din, k);
+    omv_layer_fc_backward_units(self, in, batch, grad, 0, self->spec.units);
+    omv_layer_fc_backward_bias(self, batch, grad);
+    if (din != NULL)
+        omv_layer_fc_backward_input(self, params, din, batch);
 }
 
 /* ---- convolution ---- */

@@ -57,3 +57,18 @@ void omv_layer_forward(omv_layer_t *self, const float *params, const float *in, 
  * input into the save layer's dres, which the save adds to its own when its backward runs. */
 void omv_layer_backward(omv_layer_t *self, const float *params, const float *in, float *din,
                         uint32_t batch, float *grad);
+
+/* A fully connected layer in pieces, units [u0, u1) (rows of its weights) at a time, so that a
+ * step whose parameters come and whose gradient goes piece by piece overlaps them: forward
+ * writes those outputs (with their biases); backward writes those rows of dW, the biases'
+ * gradient, and (din) the gradient by the input, which the whole layer's backward does in one.
+ * Each piece's values are the whole layer's, bit for bit, where omv_layer_fc_split_exact says
+ * so (the engine's own product kernels; a BLAS may block a product by its shape). */
+bool omv_layer_fc_split_exact(const omv_layer_t *self);
+void omv_layer_fc_forward_units(omv_layer_t *self, const float *params, const float *in,
+                                uint32_t batch, uint32_t u0, uint32_t u1);
+void omv_layer_fc_backward_units(omv_layer_t *self, const float *in, uint32_t batch, float *grad,
+                                 uint32_t u0, uint32_t u1);
+void omv_layer_fc_backward_bias(omv_layer_t *self, uint32_t batch, float *grad);
+void omv_layer_fc_backward_input(omv_layer_t *self, const float *params, float *din,
+                                 uint32_t batch);

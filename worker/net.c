@@ -209,6 +209,85 @@ const float *omv_net_probabilities(const omv_net_t *self)
     return self->parts[0].prob;
 }
 
+/* Where fully connected layer l's pieces begin, in units, as the hooks' cuts that fall between
+ * rows of its weights cut it: starts[0] = 0 < ... < starts[n] = units (room for
+ * MAX_PIECES + 1). Returns n: 1 when it is whole (not cut, or not exactly in pieces). */
+#define MAX_PIECES 64
+
+static uint32_t fc_pieces(const omv_layer_t *l, const omv_net_hooks_t *hooks, uint32_t *starts)
+{
+    const omv_model_layer_t *spec = &l->spec;
+    uint32_t n = 0;
+    starts[0] = 0;
+    if (hooks->cuts != NULL && spec->fan_in > 0 && omv_layer_fc_split_exact(l))
+        for (uint32_t c = 0; c < hooks->n_cuts && n + 1 < MAX_PIECES; c++) {
+            size_t at = hooks->cuts[c];
+            if (at <= spec->w_offset || at >= spec->w_offset + spec->w_count ||
+                (at - spec->w_offset) % spec->fan_in != 0)
+                continue;
+            starts[++n] = (uint32_t)((at - spec->w_offset) / spec->fan_in);
+        }
+    starts[++n] = spec->units;
+    return n;
+}
+
+/* Layer i's forward: its parameters asked for first (piece by piece, the last first, for a
+ * fully connected layer the hooks' cuts fall in). */
+static void layer_forward(part_t *p, uint32_t i, const float *in, uint32_t batch, bool train)
+{
+    omv_net_t *net = p->net;
+    const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
+    omv_layer_t *l = &p->layers[i];
+    const omv_model_layer_t *spec = &l->spec;
+    uint32_t starts[MAX_PIECES + 1], n = 1;
+    if (hooks && spec->w_count + spec->b_count > 0) {
+        n = spec->kind == OMV_LAYER_FC ? fc_pieces(l, hooks, starts) : 1;
+        size_t lo = spec->w_count ? spec->w_offset : spec->b_offset;
+        size_t hi = spec->b_count ? spec->b_offset + spec->b_count : spec->w_offset + spec->w_count;
+        if (n == 1)
+            hooks->need(hooks->ctx, lo, hi);
+        else /* the biases (the last piece's shard, which comes first) */
+            hooks->need(hooks->ctx, spec->b_offset, spec->b_offset + spec->b_count);
+    }
+    if (n == 1) {
+        omv_layer_forward(l, net->params, in, batch, train, &p->rng);
+        return;
+    }
+    for (uint32_t k = n; k-- > 0;) {
+        hooks->need(hooks->ctx, spec->w_offset + (size_t)starts[k] * spec->fan_in,
+                    spec->w_offset + (size_t)starts[k + 1] * spec->fan_in);
+        omv_layer_fc_forward_units(l, net->params, in, batch, starts[k], starts[k + 1]);
+    }
+}
+
+/* Layer i's backward, and the hooks told what became final: in pieces, the last first, for a
+ * fully connected layer the hooks' cuts fall in (its biases' gradient first, its input's last);
+ * else the whole layer. */
+static void layer_backward(part_t *p, uint32_t i, const float *in, float *din, float *grad,
+                           bool early)
+{
+    omv_net_t *net = p->net;
+    const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
+    omv_layer_t *l = &p->layers[i];
+    const omv_model_layer_t *spec = &l->spec;
+    bool has = spec->w_count + spec->b_count > 0;
+    uint32_t starts[MAX_PIECES + 1];
+    uint32_t n = hooks && early && spec->kind == OMV_LAYER_FC ? fc_pieces(l, hooks, starts) : 1;
+    if (n == 1) {
+        omv_layer_backward(l, net->params, in, din, p->count, grad);
+        if (hooks && early && has)
+            hooks->ready(hooks->ctx, spec->w_offset);
+        return;
+    }
+    omv_layer_fc_backward_bias(l, p->count, grad);
+    for (uint32_t k = n; k-- > 0;) {
+        omv_layer_fc_backward_units(l, in, p->count, grad, starts[k], starts[k + 1]);
+        hooks->ready(hooks->ctx, spec->w_offset + (size_t)starts[k] * spec->fan_in);
+    }
+    if (din != NULL)
+        omv_layer_fc_backward_input(l, net->params, din, p->count);
+}
+
 /* Runs every layer of a part on its images, then the softmax into prob. */
 static void forward(part_t *p, const float *x, bool train)
 {
@@ -216,15 +295,11 @@ static void forward(part_t *p, const float *x, bool train)
     double *seconds = p == &net->parts[0] ? net->seconds : NULL;
     const float *in = x;
     uint32_t n = net->layout.n_layers, batch = p->count;
-    const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
     for (uint32_t i = 0; i < n; i++) {
-        const omv_model_layer_t *spec = &net->layout.layers[i];
         if (p == &net->parts[0] && net->tick)
             net->tick(net->tick_ctx);
-        if (hooks && spec->w_count + spec->b_count > 0)
-            hooks->need(hooks->ctx, spec->b_offset + spec->b_count);
         double t0 = seconds ? omv_time_s() : 0.0;
-        omv_layer_forward(&p->layers[i], net->params, in, batch, train, &p->rng);
+        layer_forward(p, i, in, batch, train);
         if (seconds)
             seconds[i] += omv_time_s() - t0;
         in = p->layers[i].out;
@@ -284,19 +359,16 @@ static void part_train(part_t *p, uint32_t batch)
     const omv_net_hooks_t *hooks = p == &net->parts[0] ? net->hooks : NULL;
     bool has_state = net->layout.state_offset < net->layout.param_count;
     if (hooks && has_state)
-        hooks->need(hooks->ctx, net->layout.param_count);
+        hooks->need(hooks->ctx, 0, net->layout.param_count);
     for (uint32_t i = n; i-- > 0;) {
         const float *in = i == 0 ? x : p->layers[i - 1].out;
         float *din = i == 0 ? NULL : p->layers[i - 1].dout;
         if (p == &net->parts[0] && net->tick)
             net->tick(net->tick_ctx);
         double t0 = seconds ? omv_time_s() : 0.0;
-        omv_layer_backward(&p->layers[i], net->params, in, din, p->count, grad);
+        layer_backward(p, i, in, din, grad, !has_state);
         if (seconds)
             seconds[i] += omv_time_s() - t0;
-        const omv_model_layer_t *spec = &net->layout.layers[i];
-        if (hooks && !has_state && spec->w_count + spec->b_count > 0)
-            hooks->ready(hooks->ctx, spec->w_offset);
     }
 }
 
@@ -425,7 +497,7 @@ float omv_net_train_step_hooked(omv_net_t *self, const float *params, const floa
     size_t count = self->layout.param_count;
     bool per_layer = hooks && self->n_parts == 1;
     if (hooks && !per_layer)
-        hooks->need(hooks->ctx, count);
+        hooks->need(hooks->ctx, 0, count);
     self->hooks = per_layer ? hooks : NULL;
     run_parts(self, JOB_TRAIN, params, x, labels, batch, grad);
     self->hooks = NULL;
@@ -444,7 +516,7 @@ float omv_net_train_step_hooked(omv_net_t *self, const float *params, const floa
     }
     if (hooks) {
         /* Layers without parameters at either end: the whole vector is read and final. */
-        hooks->need(hooks->ctx, count);
+        hooks->need(hooks->ctx, 0, count);
         hooks->ready(hooks->ctx, 0);
     }
     return (float)(loss / batch);

@@ -36,17 +36,23 @@ float omv_net_train_step(omv_net_t *self, const float *params, const float *x,
                          const uint8_t *labels, uint32_t batch, float *grad);
 
 /* What a training step tells its caller while it runs, so that communication overlaps it.
- * need(ctx, end) comes before a layer's forward reads parameters: params[0, end) must hold the
- * step's values when it returns (the caller may still be receiving the rest). ready(ctx, from)
- * comes when grad[from, param_count) is final (after each layer's backward, the last layers
- * first): that part may be sent while backward goes on. Both come with nondecreasing end and
- * nonincreasing from; the last need has end = param_count, the last ready from = 0. With more
- * than one thread the step needs every parameter before it starts and the gradient is final
- * only when the parts are summed: one need and one ready. */
+ * need(ctx, from, to) comes before forward reads parameters: params[from, to) must hold the
+ * step's values when it returns (the caller may still be receiving the rest). It comes per
+ * layer, first layer first; a fully connected layer that cuts (ascending parameter offsets,
+ * the caller's pieces: its shards) fall between rows of its weights asks for its biases, then
+ * piece by piece, the last piece first, and computes each piece's outputs as it comes (its
+ * pieces come in the order they were sent back: the last first). ready(ctx, from) comes when
+ * grad[from, param_count) is final (after each layer's backward, the last layers first, and in
+ * such a layer after each piece, the last first): that part may be sent while backward goes
+ * on; from never grows. The last need is for the whole vector, the last ready from = 0. With
+ * more than one thread the step needs every parameter before it starts and the gradient is
+ * final only when the parts are summed: one need and one ready. */
 typedef struct {
-    void (*need)(void *ctx, size_t end);
+    void (*need)(void *ctx, size_t from, size_t to);
     void (*ready)(void *ctx, size_t from);
     void *ctx;
+    const uint32_t *cuts; /* [n_cuts], or NULL: no layer is cut */
+    uint32_t n_cuts;
 } omv_net_hooks_t;
 
 /* omv_net_train_step, telling hooks (which may be NULL) as it goes. What it computes is the

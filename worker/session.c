@@ -972,12 +972,12 @@ static int recv_shard(session_t *s, omv_params_t *ret)
     }
 }
 
-/* Receives shards until params[0, end) hold the step's values. Returns as recv_shard. */
-static int await_params(session_t *s, size_t end)
+/* Receives shards until params[from, to) hold the step's values. Returns as recv_shard. */
+static int await_params(session_t *s, size_t from, size_t to)
 {
     const omv_jobspec_t *j = &s->job;
-    for (uint32_t sh = 0; sh < j->n_shards && j->shard_offsets[sh] < end; sh++)
-        while (!s->got[sh]) {
+    for (uint32_t sh = 0; from < to && sh < j->n_shards && j->shard_offsets[sh] < to; sh++)
+        while (j->shard_offsets[sh + 1] > from && !s->got[sh]) {
             int r = recv_shard(s, NULL);
             if (r != 0)
                 return r;
@@ -1128,12 +1128,12 @@ static int push_rest(session_t *s, float loss, float ms)
  * gradient goes out as soon as backward has finished it. The next step's pull goes before the
  * first push: the daemon answers it shard by shard as it applies this step's, so what we read
  * is unchanged (every shard comes once this step's update, ours in it, is applied). */
-static void hook_need(void *ctx, size_t end)
+static void hook_need(void *ctx, size_t from, size_t to)
 {
     session_t *s = ctx;
     double t0 = omv_time_s();
     if (s->hook_err == 0)
-        s->hook_err = await_params(s, end);
+        s->hook_err = await_params(s, from, to);
     s->hook_s += omv_time_s() - t0;
     s->need_s += omv_time_s() - t0;
 }
@@ -1163,7 +1163,9 @@ static void hook_ready(void *ctx, size_t from)
 /* One step with communication overlapping it. Returns 0, WAIT_* or a negative errno. */
 static int overlapped_step(session_t *s)
 {
-    const omv_net_hooks_t hooks = {hook_need, hook_ready, s};
+    /* A layer cut by shards is computed shard by shard, as they come. */
+    const omv_net_hooks_t hooks = {hook_need, hook_ready, s, s->job.shard_offsets,
+                                   s->job.n_shards + 1};
     s->hook_err = 0;
     s->hook_s = 0.0;
     double t0 = omv_time_s();
@@ -1184,7 +1186,7 @@ static int overlapped_step(session_t *s)
 /* One step in the serial order: every shard, compute, every push, then the next pull. */
 static int serial_step(session_t *s)
 {
-    int r = await_params(s, s->job.param_count);
+    int r = await_params(s, 0, s->job.param_count);
     if (r != 0)
         return r;
     double t0 = omv_time_s();
