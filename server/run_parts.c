@@ -226,6 +226,17 @@ static void drop_unseen(omv_run_t *r)
     }
 }
 
+/* A part the coordinator cannot see (err says which): parts are off for the run, and the servers
+ * remove the parts it cannot see. */
+static void turn_off(omv_run_t *r, const char *err)
+{
+    r->parts_off = 1;
+    drop_unseen(r);
+    omv_log_warn("job '%s': %s; from now on the servers send their ranges to the coordinator, "
+                 "which writes every checkpoint itself",
+                 r->job.name, err);
+}
+
 int omv_run_parts_seen(omv_run_t *r)
 {
     for (uint32_t at = 0; at < r->shards->n_shards && r->parts[at].last > at;
@@ -236,11 +247,7 @@ int omv_run_parts_seen(omv_run_t *r)
         char err[OMV_CHECKPOINT_ERR_MAX];
         if (settle_part(r, &ref, OMV_RUN_PART_WRITTEN, err) == 0)
             continue;
-        r->parts_off = 1;
-        drop_unseen(r);
-        omv_log_warn("job '%s': %s; from now on the servers send their ranges to the "
-                     "coordinator, which writes every checkpoint itself",
-                     r->job.name, err);
+        turn_off(r, err);
         return 0;
     }
     return 1;
@@ -266,13 +273,8 @@ int omv_run_parts_write(omv_run_t *r, omv_run_ckpt_view_t *v)
         e = settle_part(r, &refs[n], r->parts_how[at], err);
     }
     int again = e == NOT_SHARED && !r->parts_off;
-    if (again) {
-        r->parts_off = 1;
-        drop_unseen(r);
-        omv_log_warn("job '%s': %s; from now on the servers send their ranges to the coordinator, "
-                     "which writes every checkpoint itself",
-                     r->job.name, err);
-    }
+    if (again)
+        turn_off(r, err);
     if (e < 0) {
         r->ckpt.seq = r->cut_seq > r->ckpt.seq ? r->cut_seq : r->ckpt.seq; /* not that one again */
         r->ckpt.failed_total++;

@@ -110,6 +110,20 @@ static void release_copy(void *data, void *hint)
     atomic_fetch_add_explicit(&self->copies_freed, 1, memory_order_release);
 }
 
+/* Makes payload of copy[bytes] (malloc'd, filled), which release_copy frees when ZeroMQ is done
+ * with it; on failure copy is freed here. Returns 0 or a negative errno. */
+static int copy_payload(omv_shard_thread_t *self, void *copy, size_t bytes, omv_payload_t *payload)
+{
+    if (copy == NULL)
+        return -ENOMEM;
+    int r = omv_payload_init_shared(payload, copy, bytes, release_copy, self);
+    if (r < 0)
+        free(copy); /* ZeroMQ took nothing, so it will never call release_copy */
+    else
+        atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
+    return r;
+}
+
 static change_t *change_new(size_t count)
 {
     change_t *c = malloc(sizeof(*c) + omv_q8_bytes(count ? count : 1));
@@ -507,15 +521,9 @@ static int view_payload(omv_shard_thread_t *self, const view_t *v, uint32_t wire
         return r;
     }
     float *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
-    if (copy == NULL)
-        return -ENOMEM;
-    memcpy(copy, v->values, sh->count * sizeof(float));
-    int r = omv_payload_init_shared(payload, copy, sh->count * sizeof(float), release_copy, self);
-    if (r < 0)
-        free(copy); /* ZeroMQ took nothing, so it will never call release_copy */
-    else
-        atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
-    return r;
+    if (copy)
+        memcpy(copy, v->values, sh->count * sizeof(float));
+    return copy_payload(self, copy, sh->count * sizeof(float), payload);
 }
 
 /* Answers a pull of a job of wire int8 with the change from the worker's view, or the whole
@@ -577,15 +585,9 @@ static void on_serve(omv_shard_thread_t *self, const omv_shard_cmd_t *cmd, const
         /* Every snapshot is still on its way out: this pull gets a copy of its own, which
          * release_copy frees when ZeroMQ is done with it. */
         float *copy = malloc((sh->count ? sh->count : 1) * sizeof(float));
-        r = -ENOMEM;
-        if (copy != NULL) {
+        if (copy != NULL)
             export_params(sh, copy, cmd->wire);
-            r = omv_payload_init_shared(&payload, copy, bytes, release_copy, self);
-            if (r < 0)
-                free(copy); /* ZeroMQ took nothing, so it will never call release_copy */
-            else
-                atomic_fetch_add_explicit(&self->copies_made, 1, memory_order_relaxed);
-        }
+        r = copy_payload(self, copy, bytes, &payload);
     }
     if (r < 0) {
         omv_log_error("shard %u cannot answer a pull: %s", self->index, omv_strerror(r));
