@@ -42,9 +42,9 @@ static const char *const refuse_names[] = {
     "step", "full",      "role",    "norm",           "auth",
 };
 
-static const char *const server_op_names[] = {"assign", "member",   "start",  "gather",
-                                              "end",    "gathered", "stats",  "freeze",
-                                              "frozen", "cut",      "resume", "drop_part"};
+static const char *const server_op_names[] = {
+    "assign", "member", "start", "gather", "end",       "gathered",   "stats",
+    "freeze", "frozen", "cut",   "resume", "drop_part", "need_range", "range"};
 
 const char *omv_server_op_name(omv_server_op_t op)
 {
@@ -311,6 +311,8 @@ static Omnivore__Server *encode_server(const omv_server_msg_t *m, Omnivore__Serv
     out->part = m->part != 0;
     out->part_crc = m->part_crc;
     out->part_bytes = m->part_bytes;
+    out->make_range = m->make_range != 0;
+    out->range_crc = m->range_crc;
     return out;
 }
 
@@ -585,6 +587,8 @@ static int decode_server(const Omnivore__Server *s, omv_server_msg_t *m, char *w
     m->part = s->part;
     m->part_crc = s->part_crc;
     m->part_bytes = s->part_bytes;
+    m->make_range = s->make_range;
+    m->range_crc = s->range_crc;
     if (s->part_dir && s->part_dir[0] != '\0' && s->part_dir[0] != '/') {
         char shown[80];
         omv_str_escape(shown, s->part_dir, sizeof(shown));

@@ -187,6 +187,8 @@ typedef enum {
     OMV_SERVER_CUT,
     OMV_SERVER_RESUME,
     OMV_SERVER_DROP_PART,
+    OMV_SERVER_NEED_RANGE,
+    OMV_SERVER_RANGE,
     OMV_SERVER_OP_COUNT_
 } omv_server_op_t;
 
@@ -244,6 +246,10 @@ typedef struct {
     uint32_t part_crc;
     uint64_t part_bytes;
     int params_only; /* GATHER, GATHERED: the parameters alone (an evaluation's), no state */
+    /* ASSIGN: no range follows the job; the server makes it (from checkpoint part_seq in
+     * part_dir, or as the job starts) and checks it against range_crc, or asks NEED_RANGE. */
+    int make_range;
+    uint32_t range_crc;
 } omv_server_msg_t;
 
 typedef struct {

@@ -156,11 +156,16 @@ static void write_body_fn(omv_ckio_writer_t *w, const void *ctx)
     write_body(w, ctx);
 }
 
+void omv_checkpoint_name(uint64_t seq, char *out, size_t cap)
+{
+    snprintf(out, cap, "checkpoint-%08" PRIu64 ".omv", seq);
+}
+
 int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *ret_path, size_t cap,
                          char *err)
 {
     char name[64];
-    snprintf(name, sizeof(name), "checkpoint-%08" PRIu64 ".omv", self->seq);
+    omv_checkpoint_name(self->seq, name, sizeof(name));
     return omv_ckio_write(dir, name, write_body_fn, self, ret_path, cap, NULL, NULL, err);
 }
 

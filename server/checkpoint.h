@@ -74,6 +74,9 @@ typedef struct {
     uint32_t adam;
 } omv_checkpoint_t;
 
+/* Checkpoint seq's file name: checkpoint-<seq>.omv. */
+void omv_checkpoint_name(uint64_t seq, char *out, size_t cap);
+
 /* Writes self as DIR/checkpoint-<seq>.omv: into a temporary file, fsync, rename, fsync of the
  * folder, so a crash leaves the old file or the new one, never half of one. ret_path (optional,
  * cap bytes) gets the path. Returns 0 or a negative errno with the reason in

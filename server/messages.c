@@ -11,6 +11,7 @@
 #include "local.h"
 #include "log.h"
 #include "part.h"
+#include "run_range.h"
 #include "shm.h"
 #include "util.h"
 
@@ -296,6 +297,10 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         send_to(d, peer, &hb);
     } else if (msg->u.server.op == OMV_SERVER_FROZEN && d->run) {
         omv_run_frozen(d->run, s, &msg->u.server);
+    } else if (msg->u.server.op == OMV_SERVER_NEED_RANGE && d->run) {
+        char why[OMV_WIRE_REASON_MAX];
+        if (omv_run_send_range(d->run, s, &msg->u.server, why, sizeof(why)) < 0)
+            omv_run_finish(d->run, JOB_FAILED, why);
     } else if (msg->u.server.op == OMV_SERVER_GATHERED && d->run) {
         size_t bytes;
         const void *payload = omv_router_payload(d->router, &bytes);

@@ -10,6 +10,7 @@
 
 #include "cert.h"
 #include "log.h"
+#include "run_range.h"
 #include "util.h"
 
 /* Hello again this often until the coordinator answers; heartbeats this often after. */
@@ -152,28 +153,36 @@ void omv_part_cron(omv_daemon_t *d)
     }
 }
 
-/* ASSIGN: the job as the coordinator parsed it, then the range's parameters and momentum. */
+/* The range ASSIGN a asked for did not come out: the coordinator sends it (RANGE). */
+static void ask_range(omv_daemon_t *d, const omv_server_msg_t *a)
+{
+    omv_msg_t m = {.type = OMV_MSG_SERVER};
+    m.u.server.op = OMV_SERVER_NEED_RANGE;
+    m.u.server.server_id = d->server_id;
+    m.u.server.first_shard = a->first_shard;
+    m.u.server.last_shard = a->last_shard;
+    m.u.server.gather_id = a->gather_id;
+    up_send(d, &m);
+}
+
+/* ASSIGN: the job as the coordinator parsed it; the range's parameters and momentum are made
+ * here and checked (run_range.c), or asked for. */
 static void on_assign(omv_daemon_t *d, const omv_server_msg_t *a, const void *payload, size_t bytes)
 {
     size_t job_words = (sizeof(omv_job_t) + 3) / 4;
-    if (a->job_bytes != sizeof(omv_job_t) || bytes < job_words * 4) {
-        omv_log_error("the coordinator's job is %u bytes, ours %zu (another build of "
+    if (a->job_bytes != sizeof(omv_job_t) || bytes != job_words * 4 || !a->make_range) {
+        omv_log_error("the coordinator's job is %u bytes in %zu, ours %zu%s (another build of "
                       "omnivored?): refused",
-                      a->job_bytes, sizeof(omv_job_t));
+                      a->job_bytes, bytes, sizeof(omv_job_t),
+                      a->make_range ? "" : ", with the range");
         return;
     }
     drop_part(d, "the coordinator assigns another");
     omv_job_t job;
     memcpy(&job, payload, sizeof(job));
-    /* Parameters and momentum, and Adam's second moments. */
-    size_t arrays = job.update == OMV_JOB_UPDATE_SGD ? 2 : 3;
-    if ((bytes / 4 - job_words) % arrays) {
-        omv_log_error("the coordinator's range of %zu bytes is not %zu arrays: refused", bytes,
-                      arrays);
-        return;
-    }
     job.name[sizeof(job.name) - 1] = '\0';
     job.model_text[sizeof(job.model_text) - 1] = '\0';
+    job.init[sizeof(job.init) - 1] = '\0';
     omv_run_part_t part = {d->server_id, a->first_shard, a->last_shard, a->train_count, a->backup};
     omv_run_env_t env = {.router = d->router,
                          .members = d->members,
@@ -184,15 +193,8 @@ static void on_assign(omv_daemon_t *d, const omv_server_msg_t *a, const void *pa
     d->run = omv_run_new(&env, &job, "(from the coordinator)", "", a->gather_id);
     if (d->run == NULL)
         return;
-    size_t count = (bytes / 4 - job_words) / arrays;
-    const float *v = (const float *)payload + job_words;
-    if (omv_run_part_load(d->run, v, v + count, arrays == 3 ? v + 2 * count : NULL, a->adam_steps,
-                          count) < 0) {
-        omv_log_error("the coordinator sent %zu parameters for shards [%u, %u): they do not fit",
-                      count, a->first_shard, a->last_shard);
-        omv_run_destroy(&d->run);
-        return;
-    }
+    if (omv_run_part_make(d->run, a, job.init) < 0)
+        ask_range(d, a);
     omv_groups_set_count(d->run->groups, a->n_groups);
     for (uint32_t g = 0; g < a->n_groups; g++)
         omv_groups_set_clock(d->run->groups, g, a->clocks[g]);
@@ -273,7 +275,13 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
         on_member(d, u);
         break;
     case OMV_SERVER_START:
-        if (d->run)
+        if (d->run && d->run->range_owed)
+            d->run->start_owed = 1; /* once the range is here */
+        else if (d->run)
+            omv_run_part_start(d->run);
+        break;
+    case OMV_SERVER_RANGE:
+        if (d->run && omv_run_part_take_range(d->run, u, payload, bytes) == 0 && d->run->start_owed)
             omv_run_part_start(d->run);
         break;
     case OMV_SERVER_GATHER:

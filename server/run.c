@@ -11,6 +11,7 @@
 
 #include "dataset.h"
 #include "run_parts.h"
+#include "run_range.h"
 #include "log.h"
 #include "safetensors.h"
 #include "util.h"
@@ -1817,31 +1818,13 @@ static void log_model(const omv_run_t *r)
         omv_log_info("model: %.*s", (int)(eol - line), line);
 }
 
-/* Puts a checkpoint's model and optimizer state into the shards. State written by another
- * update rule (SGD's momentum for Adam, or Adam's moments for SGD) does not carry over: that
- * part starts afresh. */
-static int restore_state(omv_run_t *r, const omv_checkpoint_t *c)
-{
-    int adam = r->shards->adam;
-    if (adam != (c->second != NULL)) {
-        omv_log_warn("%s holds %s state and the job trains with %s: the parameters carry over, "
-                     "the optimizer state starts afresh",
-                     r->ckpt.resumed_from, c->second ? "Adam's" : "SGD's", r->job.update_name);
-        return omv_shardset_restore(r->shards, c->params, NULL, NULL, NULL);
-    }
-    uint64_t steps[OMV_WIRE_MAX_SHARDS]; /* one count for every shard */
-    for (uint32_t s = 0; s < r->shards->n_shards; s++)
-        steps[s] = c->adam_steps;
-    return omv_shardset_restore(r->shards, c->params, c->velocity, c->second, adam ? steps : NULL);
-}
-
 /* Takes up a checkpoint of this job: model, momentum, clocks, counters, evaluations and the
  * optimizer's part. */
 static int resume(omv_run_t *r, const omv_checkpoint_t *c)
 {
     /* A run that was regrouped goes on with the groups it had. */
     omv_groups_set_count(r->groups, c->n_groups);
-    int e = restore_state(r, c);
+    int e = omv_run_restore_state(r, c);
     if (e < 0)
         return e;
     for (uint32_t g = 0; g < c->n_groups; g++)
@@ -1884,23 +1867,6 @@ static int setup_checkpoints(omv_run_t *r)
     return e < 0 ? e : 0;
 }
 
-/* [model] init: the job starts from a safetensors file's weights (its optimizer state fresh).
- * A checkpoint to resume from comes after and wins. Returns 0 or -EINVAL (logged). */
-static int load_init(omv_run_t *r)
-{
-    char err[OMV_SAFETENSORS_ERR_MAX];
-    float *w = malloc(r->layout.param_count * sizeof(float));
-    int e = w ? omv_safetensors_read(r->job.init, &r->layout, w, err) : -ENOMEM;
-    if (e == 0)
-        e = omv_shardset_restore(r->shards, w, NULL, NULL, NULL);
-    else
-        omv_log_error("[model] init: %s", w ? err : "out of memory");
-    free(w);
-    if (e == 0)
-        omv_log_info("model initialised from %s", r->job.init);
-    return e < 0 ? -EINVAL : 0;
-}
-
 /* The model, its shards, the groups and the per-group sums. */
 static int setup_model(omv_run_t *r)
 {
@@ -1939,7 +1905,8 @@ static int setup_model(omv_run_t *r)
                                  r->max_groups, (uint64_t)j->seed, j->update != OMV_JOB_UPDATE_SGD);
     if (r->shards == NULL)
         return -errno;
-    if (j->init[0] && load_init(r) < 0)
+    /* A shard server makes its range from [model] init when the coordinator asks it to. */
+    if (j->init[0] && !r->is_part && omv_run_load_init(r, j->init) < 0)
         return -EINVAL;
     if (remote(r) && r->shards->n_shards < (uint32_t)j->servers) {
         omv_log_error("job '%s': the model splits into only %u shards along its layers, fewer "
@@ -2139,56 +2106,6 @@ static void assign_ranges(omv_run_t *r)
     }
 }
 
-/* How many whole-model arrays a range travels as: parameters and momentum, and with Adam its
- * second moments. */
-static uint32_t state_arrays(const omv_run_t *r)
-{
-    return r->shards->adam ? 3 : 2;
-}
-
-/* Copies [off, off + count) of the shards' gathered state into buf, array after array. */
-static void pack_range(const omv_run_t *r, float *buf, uint32_t off, uint32_t count)
-{
-    const float *src[3] = {r->shards->gather_params, r->shards->gather_velocity,
-                           r->shards->gather_second};
-    for (uint32_t a = 0; a < state_arrays(r); a++)
-        memcpy(buf + (size_t)a * count, src[a] + off, count * sizeof(float));
-}
-
-/* Sends server s its part: the job, its range, the clocks and counters, and the range's
- * parameters, momentum (and second moments) as the coordinator holds them (initialised,
- * resumed or from [model] init). */
-static int send_assign(omv_run_t *r, omv_server_t *s)
-{
-    uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
-    size_t job_words = (sizeof(omv_job_t) + 3) / 4, words = (size_t)state_arrays(r) * count;
-    float *buf = calloc(job_words + words, sizeof(float));
-    if (buf == NULL)
-        return -ENOMEM;
-    memcpy(buf, &r->job, sizeof(omv_job_t));
-    pack_range(r, buf + job_words, off, count);
-    omv_msg_t msg = {.type = OMV_MSG_SERVER};
-    omv_server_msg_t *u = &msg.u.server;
-    u->op = OMV_SERVER_ASSIGN;
-    u->server_id = omv_servers_id(r->env.servers, s);
-    u->first_shard = s->first;
-    u->last_shard = s->last;
-    u->train_count = r->train_count;
-    u->n_groups = omv_groups_count(r->groups);
-    for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
-        u->clocks[g] = omv_groups_clock(r->groups, g);
-    u->job_bytes = (uint32_t)sizeof(omv_job_t);
-    u->images = r->images_total;
-    u->steps = r->steps_total;
-    u->adam_steps = r->shards->gather_steps[0];
-    u->gather_id = r->id;
-    u->backup = s->backup;
-    u->count = (uint32_t)(job_words + words);
-    int e = omv_servers_send(r->env.servers, r->env.router, s, &msg, buf);
-    free(buf);
-    return e;
-}
-
 int omv_run_add_server(omv_run_t *r, omv_server_t *s)
 {
     if (!omv_run_wants_servers(r) || s->run_id != 0)
@@ -2208,17 +2125,13 @@ int omv_run_add_server(omv_run_t *r, omv_server_t *s)
         return 0;
     assign_ranges(r);
     assign_backups(r);
-    if (omv_shardset_gather(r->shards, 1) < 0) {
-        omv_run_finish(r, JOB_FAILED, "cannot gather the model to send it to the shard servers");
-        return 0;
-    }
     for (uint32_t i = 0; i < r->n_servers + r->n_backups; i++) {
         uint32_t sid = i < r->n_servers ? r->server_ids[i] : r->backup_ids[i - r->n_servers];
         omv_server_t *o = &r->env.servers->rec[sid - 1];
         omv_log_info("shard server %u (%s): shards [%u, %u), parameters [%u, %u)%s", sid,
                      o->endpoint, o->first, o->last, r->shards->offsets[o->first],
                      r->shards->offsets[o->last], o->backup ? ", as their backup" : "");
-        if (send_assign(r, o) < 0) {
+        if (omv_run_send_assign(r, o) < 0) {
             omv_run_finish(r, JOB_FAILED, "cannot send the job to a shard server");
             return 0;
         }
@@ -2358,7 +2271,7 @@ void omv_run_gathered(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *g,
                       const float *payload, size_t bytes)
 {
     uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
-    uint32_t arrays = r->fetch_params_only ? 1 : state_arrays(r);
+    uint32_t arrays = r->fetch_params_only ? 1 : omv_run_state_arrays(r);
     size_t want = (size_t)arrays * count * sizeof(float);
     if (!remote(r) || s->run_id != r->id || g->gather_id != r->fetch_id || r->fetch_left == 0)
         return; /* an older gather's answer */
@@ -2744,7 +2657,7 @@ static void gather_range(omv_run_t *r, uint64_t gather_id, int final, int params
 {
     uint32_t off = r->shards->offsets[r->part.first];
     uint32_t count = r->shards->offsets[r->part.last] - off;
-    uint32_t arrays = params_only ? 1 : state_arrays(r);
+    uint32_t arrays = params_only ? 1 : omv_run_state_arrays(r);
     float *buf = malloc(((size_t)arrays * count + 1) * sizeof(float));
     if (buf == NULL || omv_shardset_gather(r->shards, 1) < 0) {
         omv_log_error("cannot gather shards [%u, %u) for the coordinator", r->part.first,
@@ -2755,7 +2668,7 @@ static void gather_range(omv_run_t *r, uint64_t gather_id, int final, int params
     if (params_only)
         memcpy(buf, r->shards->gather_params + off, (size_t)count * sizeof(float));
     else
-        pack_range(r, buf, off, count);
+        omv_run_pack_range(r, buf, off, count);
     omv_msg_t msg;
     omv_server_msg_t *u = omv_run_gathered_msg(r, &msg, gather_id);
     u->final = final;
@@ -2817,27 +2730,6 @@ void omv_run_part_gather(omv_run_t *r, const omv_server_msg_t *u)
     r->part_gather_id = u->gather_id;
     if (r->state >= JOB_FINISHING)
         gather_final(r, u->gather_id);
-}
-
-int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, const float *second,
-                      uint64_t adam_steps, size_t count)
-{
-    uint32_t off = r->shards->offsets[r->part.first];
-    if (count != r->shards->offsets[r->part.last] - off || (second != NULL) != r->shards->adam)
-        return -EINVAL;
-    /* The whole-model arrays the restore reads: only this part's range is used. */
-    int e = omv_shardset_gather(r->shards, 1);
-    if (e < 0)
-        return e;
-    memcpy(r->shards->gather_params + off, params, count * sizeof(float));
-    memcpy(r->shards->gather_velocity + off, velocity, count * sizeof(float));
-    if (second)
-        memcpy(r->shards->gather_second + off, second, count * sizeof(float));
-    uint64_t steps[OMV_WIRE_MAX_SHARDS];
-    for (uint32_t i = 0; i < r->shards->n_shards; i++)
-        steps[i] = adam_steps;
-    return omv_shardset_restore(r->shards, r->shards->gather_params, r->shards->gather_velocity,
-                                second ? r->shards->gather_second : NULL, second ? steps : NULL);
 }
 
 /* The steps each group has begun here: its clock, or one more when a member was sent some of

@@ -152,6 +152,8 @@ typedef struct {
     uint64_t final_part_seq;
     uint64_t final_eval_id; /* the final evaluation, to send the evaluator at the last step */
     uint32_t final_eval_to; /* (0: none) */
+    /* A shard server that could not make its range: it asked for it, and a START waits. */
+    int range_owed, start_owed;
     /* On a coordinator whose job has [cluster] servers: the servers that hold the model (in the
      * order of their shards), and a gather of the model from them under way. */
     uint32_t n_servers;
@@ -302,10 +304,6 @@ void omv_run_part_gather(omv_run_t *self, const omv_server_msg_t *u);
 /* A shard server: the coordinator cannot see the part it wrote for checkpoint seq (DROP_PART):
  * it is removed, if it is the last one written here (run_parts.c). */
 void omv_run_parts_drop(omv_run_t *self, uint64_t seq);
-/* Puts the coordinator's parameters, momentum and (Adam) second moments of this part's range
- * (count floats each; second NULL for SGD) in its shards. Returns 0 or -errno. */
-int omv_run_part_load(omv_run_t *self, const float *params, const float *velocity,
-                      const float *second, uint64_t adam_steps, size_t count);
 /* A cut: begin no more steps and say which each group has begun (FREEZE); finish the steps
  * up to the cut's and send the range, or only say so (CUT); go on, with the coordinator's
  * change if it makes one: a regroup, the update rule, the probe base (RESUME). */

@@ -261,6 +261,7 @@ int omv_run_ckpt_find(omv_run_ckpt_t *self, const omv_job_t *job, size_t param_c
     uint64_t newest = omv_checkpoint_newest_seq(self->dir);
     self->seq = newest > ret->seq ? newest : ret->seq;
     omv_strlcpy(self->resumed_from, path, sizeof(self->resumed_from));
+    self->resumed_seq = ret->seq;
     omv_strlcpy(self->last_path, path, sizeof(self->last_path));
     return 1;
 }

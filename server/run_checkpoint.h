@@ -24,6 +24,7 @@ typedef struct {
     uint64_t last_step; /* the slowest group's clock then */
     char last_path[OMV_JOB_PATH_MAX + 64];
     char resumed_from[OMV_JOB_PATH_MAX + 64];
+    uint64_t resumed_seq; /* its number (0: none) */
     double resumed_epoch; /* where the job stood in it */
     uint64_t written_total, failed_total;
     double last_ms;                          /* how long the last write took */

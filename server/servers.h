@@ -23,6 +23,8 @@ typedef struct {
     uint64_t bytes_out;   /* sent to it: assignments */
     uint64_t bytes_in;    /* from it: gathered ranges */
     uint64_t gathers;     /* ranges it sent */
+    uint64_t range_bytes; /* of its ranges sent to it (0: it made each itself) */
+    uint32_t range_crc;   /* CRC-32 of the range its last ASSIGN asked it to make */
     /* What it last said of its part (STATS), and per second since the report before. */
     omv_server_msg_t stats;
     int64_t stats_ms;

@@ -292,6 +292,8 @@ static void server_section(const omv_daemon_t *d, const omv_server_t *s, uint32_
     /* What those gathers brought the coordinator: an evaluation's the parameters alone, the
      * final model's and a checkpoint's the optimizer's state too. */
     omv_kv_int(kv, "gathered_bytes_total", (int64_t)s->bytes_in);
+    /* The model's bytes the coordinator sent it: none where it made its ranges itself. */
+    omv_kv_int(kv, "range_bytes_sent_total", (int64_t)s->range_bytes);
     omv_kv_int(kv, "last_seen_ms", now - s->last_seen_ms);
 }
 

@@ -39,6 +39,9 @@ static void read_file(const char *path, char *out, size_t cap)
  * a folder of the coordinator's that they do not share with it); NULL: none. */
 static const char *shard_mounts;
 static int shard_mounts_for; /* the one shard server it is for */
+/* The one shard server (-1: none) whose config allows no checkpoint folder of the job's: it can
+ * neither read a checkpoint nor write a part there. */
+static int shard_confined = -1;
 
 static pid_t start_shard(int i)
 {
@@ -53,7 +56,9 @@ static pid_t start_shard(int i)
     FILE *f = fopen(conf, "w");
     ck_assert_ptr_nonnull(f);
     /* The coordinator's checkpoint folders are in the test's: parts may be written there. */
-    fprintf(f, "[daemon]\ncoordinator_timeout_s = 2\n[security]\ncheckpoint_root = %s\n", test_dir);
+    fprintf(f, "[daemon]\ncoordinator_timeout_s = 2\n");
+    if (i != shard_confined)
+        fprintf(f, "[security]\ncheckpoint_root = %s\n", test_dir);
     fclose(f);
     char *argv[] = {(char *)bin("OMNIVORED"),
                     "--config",
@@ -256,7 +261,7 @@ static void check_gathers(const char *listing, int n, double evals, double direc
     /* The servers send the evaluator the model of every evaluation themselves, the final one
      * too (once their last step is in), and write the final model into their parts of the final
      * checkpoint: the coordinator gathers no parameters at all, only each part's name and
-     * checksum (a gather of no bytes from each server). */
+     * checksum (a gather of no bytes from each server), and sends none. */
     ck_assert_msg(direct == evals,
                   "%.0f of %.0f evaluations went from the servers to the evaluator", direct, evals);
     for (int i = 0; i < n; i++) {
@@ -266,6 +271,9 @@ static void check_gathers(const char *listing, int n, double evals, double direc
                       "shard server %d: %.0f gathers of %.0f bytes in all; 1 of none was "
                       "expected (the final model's part)",
                       i, gathers, bytes);
+        /* Nor did the coordinator send any: each server made its range from the seed. */
+        double sent = field(at, "range_bytes_sent_total");
+        ck_assert_msg(sent == 0, "shard server %d: was sent %.0f bytes of its range", i, sent);
     }
 }
 
@@ -940,7 +948,10 @@ START_TEST(test_server_lost_goes_back)
      * Restart= would) registers as a new process. The coordinator takes the part it held for
      * lost, sends its workers and the other server back to the job's last checkpoint (a cut),
      * and goes on once it has two servers again. The job ends done, at most one checkpoint
-     * interval of steps is trained again, and every image of its epochs is counted once. */
+     * interval of steps is trained again, and every image of its epochs is counted once.
+     * No parameters pass the coordinator on the way: each server makes its range from the
+     * checkpoint's parts itself, except the one started again where its config allows no
+     * checkpoint folder of the job's, which asks for its range and gets it. */
     model_section = "layers = 64 32 4";
     write_job(2, 30, "groups = 1\nstaleness = none\nservers = 2\n[checkpoint]\nevery_steps = 100");
     pid_t d = start_coordinator("servers");
@@ -949,11 +960,20 @@ START_TEST(test_server_lost_goes_back)
     double at_kill = wait_status("images_total", 250 * 32, 60000);
     kill(s[1], SIGKILL);
     waitpid(s[1], NULL, 0);
+    shard_confined = 1;
     s[1] = start_shard(1);
+    shard_confined = -1;
     omv_strbuf_t body;
     omv_strbuf_init(&body);
     double acc = wait_done_or_dump(&body, 2);
     double images = field(omv_strbuf_str(&body), "images_total");
+    control("servers", &body);
+    double sent[2];
+    for (int i = 0; i < 2; i++)
+        sent[i] = field(server_section(omv_strbuf_str(&body), i), "range_bytes_sent_total");
+    /* 64x32 + 32 + 32x4 + 4 parameters and their momentum, 4 bytes each, over 2 servers. */
+    ck_assert_msg(sent[0] == 0 && sent[1] > 0 && sent[1] < 2 * 2212 * 4,
+                  "the coordinator sent ranges of %.0f and %.0f bytes", sent[0], sent[1]);
     omv_strbuf_fini(&body);
     double back_to = resumed_images();
     ck_assert_msg(back_to >= 100 * 32 && at_kill - back_to <= 100 * 32 + 2 * 32,
@@ -966,11 +986,18 @@ START_TEST(test_server_lost_goes_back)
     snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
     read_file(log, text, sizeof(text));
     ck_assert_msg(has_text(text, "registers again as pid") &&
-                      has_text(text, "goes back to its last checkpoint"),
+                      has_text(text, "goes back to its last checkpoint") &&
+                      has_text(text, "could not make shards ["),
                   "%s", text);
     for (int i = 0; i < 2; i++) {
         stop_shard(s[i], i, text, sizeof(text));
         ck_assert_msg(has_text(text, "training finished"), "shard %d: %s", i, text);
+        ck_assert_msg(has_text(text, ") made from the seed here"), "shard %d: %s", i, text);
+        ck_assert_msg(i == 1 || has_text(text, ") made from the checkpoint here"), "shard %d: %s",
+                      i, text);
+        ck_assert_msg(i == 0 || (has_text(text, "asking the coordinator for them") &&
+                                 has_text(text, ") came from the coordinator")),
+                      "shard %d: %s", i, text);
     }
 }
 END_TEST
