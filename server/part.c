@@ -307,7 +307,7 @@ static void on_server(omv_daemon_t *d, const omv_server_msg_t *u, const void *pa
             d->n_deferred = 0;
             d->defer_on = 0;
             omv_run_backup_cut(d->run, NULL, 0);
-            omv_run_part_failover_cut(d->run, u->gather_id, u->clocks, u->n_groups);
+            omv_run_part_failover_cut(d->run, u);
         } else if (d->run && backup)
             backup_cut(d, u);
         else if (d->run)

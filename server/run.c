@@ -2347,6 +2347,10 @@ static void send_failover_op(omv_run_t *r, omv_server_op_t op)
             for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
                 u->clocks[g] = r->cut_clocks[g];
         }
+        if (op == OMV_SERVER_CUT && r->cut_parts) {
+            omv_strlcpy(u->part_dir, r->ckpt.dir, sizeof(u->part_dir));
+            u->part_seq = r->cut_seq;
+        }
         if (omv_servers_send(r->env.servers, r->env.router, s, &msg, NULL) < 0)
             omv_log_warn("cannot send %s to shard server %u", omv_server_op_name(op),
                          r->holder_ids[i]);
@@ -2418,7 +2422,11 @@ static int start_failover(omv_run_t *r)
     r->env.servers->failovers_total++;
     r->cut_phase = 1;
     r->cut_ranges = 1;
-    omv_run_parts_abandon(r); /* the coordinator takes every range: it makes the run again */
+    omv_run_parts_abandon(r); /* a cut under way is given up */
+    /* The holders write the cut as a checkpoint's parts, which the run made again reads. */
+    r->cut_parts = omv_run_parts_wanted(r);
+    r->cut_seq = r->ckpt.seq + 1;
+    memset(r->parts_how, 0, sizeof(r->parts_how));
     r->cut_id = ++r->fetch_id;
     r->cut_left = r->n_servers;
     r->fetch_left = 0; /* a gather under way is dropped: the cut brings the model */
@@ -2522,7 +2530,22 @@ int omv_run_take_backup(omv_run_t *r)
 static void failover_done(omv_run_t *r)
 {
     r->ckpt_forced = 1;
+    int parts_off = r->parts_off;
     int e = write_checkpoint(r);
+    if (e < 0 && r->parts_off && !parts_off) {
+        /* The holders wrote parts where the coordinator cannot see them: the same cut again,
+         * its ranges sent here (the holders are frozen at it), not a step lost. */
+        omv_log_warn("job '%s': failover: the cut again, its ranges sent to the coordinator",
+                     r->job.name);
+        r->cut_parts = 0;
+        r->cut_phase = 2;
+        r->cut_id = ++r->fetch_id;
+        r->fetch_left = r->n_servers;
+        r->fetch_final = 0;
+        r->fetch_params_only = 0;
+        send_failover_op(r, OMV_SERVER_CUT);
+        return;
+    }
     r->cut_phase = 0;
     if (e < 0 && r->failover == 3) {
         /* Not worth going back for a backup: the servers go on as they were. */
@@ -2782,17 +2805,18 @@ void omv_run_part_cut(omv_run_t *r, const omv_server_msg_t *cut)
     part_cut_check(r);
 }
 
-void omv_run_part_failover_cut(omv_run_t *r, uint64_t id, const uint64_t *clocks, uint32_t n)
+void omv_run_part_failover_cut(omv_run_t *r, const omv_server_msg_t *cut)
 {
     r->frozen = 1;
     r->failover_cut = 1;
-    r->freeze_id = id;
+    r->freeze_id = cut->gather_id;
     r->cut_set = 1;
     r->cut_sent = 0;
     r->cut_no_ranges = 0;
-    r->cut_part_dir[0] = '\0';
+    omv_strlcpy(r->cut_part_dir, cut->part_dir, sizeof(r->cut_part_dir));
+    r->cut_seq = cut->part_seq;
     for (uint32_t g = 0; g < r->max_groups; g++)
-        r->cut_clocks[g] = g < n ? clocks[g] : 0;
+        r->cut_clocks[g] = g < cut->n_groups ? cut->clocks[g] : 0;
     omv_log_warn("failover: cutting shards [%u, %u) at the steps every member reported%s",
                  r->part.first, r->part.last,
                  r->part.backup ? " (this backup holds them now)" : "");

@@ -314,9 +314,10 @@ void omv_run_part_resume(omv_run_t *self, const omv_server_msg_t *u, const void 
 /* A backup at a cut (clocks[n]; NULL: the cut's orders are carried out): pushes from the cut's
  * steps on wait. */
 void omv_run_backup_cut(omv_run_t *self, const uint64_t *clocks, uint32_t n);
-/* A failover's cut: begin nothing more, apply the steps up to clocks[n] (every member reported
- * them), and send the range. */
-void omv_run_part_failover_cut(omv_run_t *self, uint64_t id, const uint64_t *clocks, uint32_t n);
+/* A failover's cut: begin nothing more, apply the steps up to the cut's clocks (every member
+ * reported them), and write the range as part part_seq in part_dir, or send it (no part_dir, or
+ * one it cannot write). */
+void omv_run_part_failover_cut(omv_run_t *self, const omv_server_msg_t *cut);
 /* Whether every live group here has applied the steps before clocks[n], none half-way. */
 int omv_run_part_caught_up(const omv_run_t *self, const uint64_t *clocks, uint32_t n);
 

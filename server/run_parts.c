@@ -209,7 +209,9 @@ static int settle_part(omv_run_t *r, omv_checkpoint_part_ref_t *ref, int how, ch
 static void drop_unseen(omv_run_t *r)
 {
     for (uint32_t i = 0; i < r->n_servers; i++) {
-        omv_server_t *s = &r->env.servers->rec[r->server_ids[i] - 1];
+        /* A failover's cut is written by the ranges' holders, a backup among them. */
+        uint32_t id = r->failover ? r->holder_ids[i] : r->server_ids[i];
+        omv_server_t *s = &r->env.servers->rec[id - 1];
         if (s->first >= OMV_WIRE_MAX_SHARDS || r->parts_how[s->first] != OMV_RUN_PART_WRITTEN)
             continue;
         char name[128], path[OMV_JOB_PATH_MAX + 160];
@@ -222,7 +224,7 @@ static void drop_unseen(omv_run_t *r)
         msg.u.server.op = OMV_SERVER_DROP_PART;
         msg.u.server.part_seq = r->cut_seq;
         if (omv_servers_send(r->env.servers, r->env.router, s, &msg, NULL) < 0)
-            omv_log_warn("cannot tell shard server %u to remove its part", r->server_ids[i]);
+            omv_log_warn("cannot tell shard server %u to remove its part", id);
     }
 }
 

@@ -1271,6 +1271,14 @@ START_TEST(test_servers_failover)
     omv_strbuf_init(&srv);
     control("servers", &srv);
     ck_assert_msg(field(omv_strbuf_str(&srv), "failovers_total") == 1, "%s", omv_strbuf_str(&srv));
+    /* The failover's cut and the new backup's are checkpoints in parts, each server making its
+     * range from them: no parameters came to the coordinator or left it, through it all. */
+    for (int i = 0; i < 4; i++) {
+        const char *at = server_section(omv_strbuf_str(&srv), i);
+        ck_assert_msg(field(at, "gathered_bytes_total") == 0 &&
+                          field(at, "range_bytes_sent_total") == 0,
+                      "shard server %d: %s", i, omv_strbuf_str(&srv));
+    }
     omv_strbuf_fini(&srv);
     stop_workers(w, 3);
     shutdown_daemon(d);
@@ -1279,10 +1287,81 @@ START_TEST(test_servers_failover)
     read_file(log, text, sizeof(text));
     ck_assert_msg(has_text(text, "go on from their backup") &&
                       has_text(text, "failover: the ranges' holders were cut at step") &&
-                      has_text(text, "a new backup: the servers were cut at step"),
+                      has_text(text, "a new backup: the servers were cut at step") &&
+                      has_text(text, "checkpoint 1: 2 parts, 2 of them written by their servers") &&
+                      has_text(text, "checkpoint 2: 2 parts, 2 of them written by their servers"),
                   "%s", text + (strlen(text) > 3000 ? strlen(text) - 3000 : 0));
     for (int i = 0; i < 4; i++)
         stop_shard(s[i], i, text, sizeof(text));
+    read_final("servers", &spread);
+    same_model(&one, &spread);
+    omv_checkpoint_fini(&one);
+    omv_checkpoint_fini(&spread);
+    coordinator_conf = NULL;
+}
+END_TEST
+
+START_TEST(test_servers_failover_parts_not_shared)
+{
+    /* A failover whose holders cannot all write the cut where the coordinator sees it (as root:
+     * one shard server in a mount namespace with a folder of its own over the checkpoints'):
+     * the coordinator finds that holder's part missing, cuts the holders again at the same
+     * steps with their ranges sent to it, and writes the cut whole; the server that cannot read
+     * that checkpoint then asks for its range. Nothing is lost: the job goes on from the step
+     * the primary died at and ends with one daemon's model, bit for bit. */
+    if (geteuid() != 0 || system("unshare -m true 2>/dev/null") != 0) {
+        fprintf(stderr, "test_servers_failover_parts_not_shared: skipped (needs root and "
+                        "unshare -m)\n");
+        return;
+    }
+    model_section = "layers = 64 32 4";
+    write_job(2, 30, "groups = 1\nstaleness = none");
+    omv_checkpoint_t one, spread;
+    train_on_one(&one);
+    coordinator_conf = "[daemon]\nserver_timeout_s = 2\n";
+    char line[1200];
+    snprintf(line, sizeof(line), "mount -t tmpfs none '%s'", servers_ckpt_dir());
+    shard_mounts = line;
+    shard_mounts_for = 3;
+    pid_t d, s[4], w[3];
+    start_replicated(30, &d, s, w);
+    shard_mounts = NULL;
+    wait_status("steps_total", 300, 60000);
+    /* Kill a primary such that the server with a folder of its own holds a range after. */
+    int p0 = holder_of("primary", 0, 4), p1 = holder_of("primary", 1, 4);
+    int victim = p1; /* server 3 is the primary of range 0 or the backup of range 1 */
+    if (p1 == 3 || holder_of("backup", 0, 4) == 3)
+        victim = p0;
+    ck_assert_msg(victim >= 0 && victim != 3, "primaries %d and %d", p0, p1);
+    double at_kill = wait_status("images_total", 0, 1000);
+    kill(s[victim], SIGKILL);
+    waitpid(s[victim], NULL, 0);
+    s[victim] = 0;
+    omv_strbuf_t body;
+    omv_strbuf_init(&body);
+    wait_done_or_dump(&body, 4);
+    omv_strbuf_fini(&body);
+    double back_to = resumed_images();
+    ck_assert_msg(back_to >= at_kill, "killed at %.0f images, went back to %.0f", at_kill, back_to);
+    stop_workers(w, 3);
+    shutdown_daemon(d);
+    char log[700], text[65536];
+    snprintf(log, sizeof(log), "%s/coordinator.log", test_dir);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(
+        has_text(text, "which the coordinator cannot see") &&
+            has_text(text, "failover: the cut again, its ranges sent to the coordinator") &&
+            has_text(text, "failover: the ranges' holders were cut at step") &&
+            has_text(text, "could not make shards ["),
+        "%s", text + (strlen(text) > 4000 ? strlen(text) - 4000 : 0));
+    for (int i = 0; i < 4; i++)
+        if (s[i] > 0)
+            stop_shard(s[i], i, text, sizeof(text));
+    snprintf(log, sizeof(log), "%s/shard3.log", test_dir);
+    read_file(log, text, sizeof(text));
+    ck_assert_msg(has_text(text, "asking the coordinator for them") &&
+                      has_text(text, ") came from the coordinator"),
+                  "%s", text);
     read_final("servers", &spread);
     same_model(&one, &spread);
     omv_checkpoint_fini(&one);
@@ -1703,6 +1782,7 @@ static Suite *servers_suite(void)
     ADD_TEST(tc, test_servers_regroup);
     ADD_TEST(tc, test_servers_optimizer);
     ADD_TEST(tc, test_servers_failover);
+    ADD_TEST(tc, test_servers_failover_parts_not_shared);
     ADD_TEST(tc, test_servers_failover_slow_steps);
     ADD_TEST(tc, test_servers_backup_lost_with_churn);
     ADD_TEST(tc, test_servers_backup_flooded);
