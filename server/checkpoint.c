@@ -400,6 +400,12 @@ static int read_sections(const unsigned char *p, const unsigned char *end, omv_c
 
 int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
 {
+    return omv_checkpoint_read_range(ret, path, 0, UINT64_MAX, err);
+}
+
+int omv_checkpoint_read_range(omv_checkpoint_t *ret, const char *path, uint64_t lo, uint64_t hi,
+                              char *err)
+{
     unsigned char *buf = NULL;
     size_t len = 0;
     int r = omv_ckio_read_file(path, &buf, &len, err);
@@ -412,7 +418,7 @@ int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err)
     r = body < 0 ? (int)body
                  : read_sections(buf + OMV_CKIO_HEADER_BYTES, buf + body, &c, path, err);
     if (r == 0 && c.n_parts > 0)
-        r = omv_checkpoint_parts_load(&c, path, err);
+        r = omv_checkpoint_parts_load(&c, path, lo, hi, err);
     if (r == 0) {
         *ret = c;
         memset(&c, 0, sizeof(c));

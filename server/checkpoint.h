@@ -90,6 +90,10 @@ int omv_checkpoint_write(const omv_checkpoint_t *self, const char *dir, char *re
  * (corrupt or truncated), -ENOTSUP (another format version) or an I/O errno, with the file named
  * in err. */
 int omv_checkpoint_read(omv_checkpoint_t *ret, const char *path, char *err);
+/* omv_checkpoint_read, where of a manifest only the parts that hold any of parameters [lo, hi)
+ * are read (and checked): the model's other parameters and state are zero. */
+int omv_checkpoint_read_range(omv_checkpoint_t *ret, const char *path, uint64_t lo, uint64_t hi,
+                              char *err);
 
 /* Frees what omv_checkpoint_read allocated and zeroes self. */
 void omv_checkpoint_fini(omv_checkpoint_t *self);

@@ -296,23 +296,33 @@ static int part_there(const omv_checkpoint_t *c, uint32_t k, const char *dir, co
     return -EINVAL;
 }
 
-int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, char *err)
+/* Whether part k of c holds any of parameters [lo, hi). */
+static int part_wanted(const omv_checkpoint_t *c, uint32_t k, uint64_t lo, uint64_t hi)
+{
+    const omv_checkpoint_part_ref_t *ref = &c->parts[k];
+    return ref->offset < hi && (uint64_t)ref->offset + ref->count > lo;
+}
+
+int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, uint64_t lo, uint64_t hi,
+                              char *err)
 {
     char dir[4096], part[4300];
     folder_of(path, dir, sizeof(dir));
     /* Every part is there with its size, which bounds the model's, before the model is
      * allocated. */
     for (uint32_t i = 0; i < c->n_parts; i++)
-        if (part_there(c, i, dir, path, part, sizeof(part), err) < 0)
+        if (part_wanted(c, i, lo, hi) && part_there(c, i, dir, path, part, sizeof(part), err) < 0)
             return -EINVAL;
-    size_t bytes = (c->param_count ? c->param_count : 1) * sizeof(float);
-    c->params = malloc(bytes);
-    c->velocity = malloc(bytes);
-    c->second = c->adam ? malloc(bytes) : NULL;
+    size_t n = c->param_count ? c->param_count : 1;
+    c->params = calloc(n, sizeof(float));
+    c->velocity = calloc(n, sizeof(float));
+    c->second = c->adam ? calloc(n, sizeof(float)) : NULL;
     if (!c->params || !c->velocity || (c->adam && !c->second))
         return omv_ckio_corrupt(err, "%s: no memory for its %" PRIu64 " parameters", path,
                                 c->param_count);
     for (uint32_t i = 0; i < c->n_parts; i++) {
+        if (!part_wanted(c, i, lo, hi))
+            continue;
         const omv_checkpoint_part_ref_t *ref = &c->parts[i];
         char why[OMV_CHECKPOINT_ERR_MAX];
         part_path(c, i, dir, part, sizeof(part));

@@ -41,9 +41,11 @@ int omv_checkpoint_parts_read_section(omv_ckio_reader_t *s, omv_checkpoint_t *c,
                                       char *err);
 
 /* Fills c's params, velocity (and second, with adam) from the parts named in manifest c read
- * from path, in path's folder. Returns 0, or -EINVAL (a part missing, damaged or another one)
- * or -ENOMEM with the part and the manifest named in err. */
-int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, char *err);
+ * from path, in path's folder: the parts that hold any of parameters [lo, hi), the rest zero.
+ * Returns 0, or -EINVAL (a part missing, damaged or another one) or -ENOMEM with the part and
+ * the manifest named in err. */
+int omv_checkpoint_parts_load(omv_checkpoint_t *c, const char *path, uint64_t lo, uint64_t hi,
+                              char *err);
 
 /* Removes the part files in dir whose checkpoint is not in keep[n_keep] and not newer than
  * newest (a part of a checkpoint still being written is newer), and parts' temporary files.

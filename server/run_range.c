@@ -220,7 +220,8 @@ static int make_from_checkpoint(omv_run_t *r, const omv_server_msg_t *a)
     snprintf(path, sizeof(path), "%s/%s", a->part_dir, name);
     omv_checkpoint_t c;
     char err[OMV_CHECKPOINT_ERR_MAX];
-    e = omv_checkpoint_read(&c, path, err);
+    uint64_t lo = r->shards->offsets[r->part.first], hi = r->shards->offsets[r->part.last];
+    e = omv_checkpoint_read_range(&c, path, lo, hi, err); /* only the parts of this range */
     if (e < 0) {
         omv_log_warn("shards [%u, %u): %s", r->part.first, r->part.last, err);
         return e;

@@ -197,6 +197,34 @@ START_TEST(test_missing_part_names_it)
 }
 END_TEST
 
+START_TEST(test_range_reads_only_its_parts)
+{
+    /* A shard server reads the range it holds: the parts that hold any of it (read and
+     * checked), none of the others (here one is gone and one damaged), the rest zero. */
+    write_manifest(7, 1);
+    ck_assert_int_eq(unlink(part_path(7, 0)), 0);
+    flip(part_path(7, 2), 300);
+    omv_checkpoint_t got;
+    char err[OMV_CHECKPOINT_ERR_MAX];
+    ck_assert_msg(omv_checkpoint_read_range(&got, manifest_path(7), 310, 420, err) == 0, "%s", err);
+    model_t want;
+    fill_model(&want, 7);
+    for (int i = 0; i < PARAMS; i++) {
+        int in = i >= 300 && i < 420; /* part 1: [300, 420) */
+        ck_assert_msg(got.params[i] == (in ? want.params[i] : 0.0f) &&
+                          got.velocity[i] == (in ? want.velocity[i] : 0.0f) &&
+                          got.second[i] == (in ? want.second[i] : 0.0f),
+                      "parameter %d", i);
+    }
+    omv_checkpoint_fini(&got);
+    /* A range that reaches into a damaged or missing part fails, naming it. */
+    ck_assert_int_eq(omv_checkpoint_read_range(&got, manifest_path(7), 419, 421, err), -EINVAL);
+    ck_assert_msg(strstr(err, part_path(7, 2)) && strstr(err, "checksum mismatch"), "%s", err);
+    ck_assert_int_eq(omv_checkpoint_read_range(&got, manifest_path(7), 0, 1, err), -EINVAL);
+    ck_assert_msg(strstr(err, part_path(7, 0)) != NULL, "%s", err);
+}
+END_TEST
+
 /* A part written again (another run, the same name) or put in place from another checkpoint:
  * whole in itself, but not the one the manifest names. */
 START_TEST(test_other_part_is_refused)
@@ -383,6 +411,7 @@ static Suite *parts_suite(void)
     tcase_add_test(tc, test_manifest_roundtrip);
     tcase_add_test(tc, test_damaged_part_names_it);
     tcase_add_test(tc, test_missing_part_names_it);
+    tcase_add_test(tc, test_range_reads_only_its_parts);
     tcase_add_test(tc, test_other_part_is_refused);
     tcase_add_test(tc, test_short_part_names_it);
     tcase_add_test(tc, test_part_of_another_job_is_refused);
