@@ -69,7 +69,7 @@ one_run() { # one_run WIRE|before: prints "images_per_second test_accuracy"
     n=0
     while "$ctl" --socket "$sock" status >"$tmp/status" 2>/dev/null; do
         [ "$(val state)" = done ] && break
-        n=$((n + 1)); [ $n -lt 1200 ] || { echo "run did not end" >&2; exit 1; }; sleep 0.25
+        n=$((n + 1)); [ $n -lt 300 ] || { echo "run did not end" >&2; exit 1; }; sleep 1
     done
     echo "$(val images_per_second) $(val test_accuracy)"
     "$ctl" --socket "$sock" shutdown >/dev/null 2>&1 || true
