@@ -17,6 +17,8 @@
 #include "cluster_util.h"
 #include "control.h"
 #include "peer_util.h"
+#include "rng.h"
+#include "safetensors.h"
 #include "strbuf.h"
 #include "testutil.h"
 #include "util.h"
@@ -340,6 +342,47 @@ START_TEST(test_servers_bit_identical)
     ck_assert_msg(acc_one == acc_spread, "accuracy %f on one daemon, %f on servers", acc_one,
                   acc_spread);
     ck_assert_msg(acc_one > 0.9, "accuracy %f", acc_one);
+    omv_checkpoint_fini(&one);
+    omv_checkpoint_fini(&spread);
+}
+END_TEST
+
+START_TEST(test_servers_init_file)
+{
+    /* [model] init over servers: each server makes its range from the file itself, as the
+     * coordinator made the model, so none of it is sent; and the job ends with the model one
+     * daemon trains from the same file, bit for bit. */
+    uint32_t widths[] = {64, 32, 4};
+    omv_model_layout_t l;
+    ck_assert_int_eq(omv_model_layout(&l, widths, 3), 0);
+    float *w = malloc(l.param_count * sizeof(float));
+    ck_assert_ptr_nonnull(w);
+    omv_rng_t rng;
+    omv_rng_init(&rng, 99);
+    for (size_t i = 0; i < l.param_count; i++)
+        w[i] = 0.3f * ((float)omv_rng_uniform(&rng) - 0.5f);
+    static char section[900];
+    char path[800], err[OMV_SAFETENSORS_ERR_MAX];
+    snprintf(path, sizeof(path), "%s/start.safetensors", test_dir);
+    ck_assert_msg(omv_safetensors_write(path, &l, w, NULL, NULL, 0, 0, err) == 0, "%s", err);
+    free(w);
+    snprintf(section, sizeof(section), "layers = 64 32 4\ninit = %s", path);
+    model_section = section;
+    const char *sync = "groups = 1\nstaleness = none\nshards = 4";
+    char cluster[256];
+    write_job(2, 2, sync);
+    omv_checkpoint_t one, spread;
+    train_on_one(&one);
+    snprintf(cluster, sizeof(cluster), "%s\nservers = 2", sync);
+    write_job(2, 2, cluster);
+    train_on_servers(2, &spread, 0); /* no range sent either (check_gathers) */
+    same_model(&one, &spread);
+    char text[65536];
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof(path), "%s/shard%d.log", test_dir, i);
+        read_file(path, text, sizeof(text));
+        ck_assert_msg(has_text(text, ") made from [model] init here"), "shard %d: %s", i, text);
+    }
     omv_checkpoint_fini(&one);
     omv_checkpoint_fini(&spread);
 }
@@ -1782,6 +1825,7 @@ static Suite *servers_suite(void)
     ADD_TEST(tc, test_servers_regroup);
     ADD_TEST(tc, test_servers_optimizer);
     ADD_TEST(tc, test_servers_failover);
+    ADD_TEST(tc, test_servers_init_file);
     ADD_TEST(tc, test_servers_failover_parts_not_shared);
     ADD_TEST(tc, test_servers_failover_slow_steps);
     ADD_TEST(tc, test_servers_backup_lost_with_churn);
