@@ -35,7 +35,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 addr() { case $1 in head) echo 1 ;; s*) echo $((10 + ${1#s})) ;; w*) echo $((20 + ${1#w})) ;; esac; }
-. "$(dirname "$0")/../tests/cluster_lib.sh"
+. "$(dirname "$0")/../tests/lib/cluster_lib.sh"
 . "$(dirname "$0")/links_lib.sh"
 netns_bridge "$p-sw" "" || { echo "cannot make the namespaces: $(cat "$tmp/err")"; exit 1; }
 for h in $hosts; do netns_host "$p-$h" "$p-sw" "$p$h" "10.79.0.$(addr "$h")/24"; done

@@ -31,7 +31,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-. "$(dirname "$0")/../tests/cluster_lib.sh"
+. "$(dirname "$0")/../tests/lib/cluster_lib.sh"
 . "$(dirname "$0")/links_lib.sh"
 netns_bridge "$ns_head" 10.78.0.1/24 || { echo "cannot make the namespaces: $(cat "$tmp/err")"; exit 1; }
 netns_host "$ns_w1" "$ns_head" "omvb$$h1" 10.78.0.2/24

@@ -160,3 +160,12 @@ int omv_cert_write(const char *dir, const char *name, const omv_cert_t *cert, ch
     snprintf(text + at, sizeof(text) - at, "    secret-key = \"%s\"\n", cert->secret_key);
     return write_file(path, 0600, text, err);
 }
+
+void omv_cert_path(const char *path, char *out, size_t cap)
+{
+    const char *creds = getenv("CREDENTIALS_DIRECTORY");
+    if (path[0] != '/' && creds && creds[0])
+        snprintf(out, cap, "%s/%s", creds, path);
+    else
+        omv_strlcpy(out, path, cap);
+}

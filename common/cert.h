@@ -31,5 +31,9 @@ int omv_cert_parse_roles(const char *text);
  * 0600); neither may exist. Returns 0 or a negative errno with the reason in err. */
 int omv_cert_write(const char *dir, const char *name, const omv_cert_t *cert, char *err);
 
+/* Where the certificate named by path is: a relative path is one of systemd's LoadCredential=
+ * when $CREDENTIALS_DIRECTORY is set, else path itself. Writes out[cap]. */
+void omv_cert_path(const char *path, char *out, size_t cap);
+
 /* Whether s is a Z85 key: 40 characters of ZeroMQ's Z85 alphabet. */
 int omv_cert_key_valid(const char *s);

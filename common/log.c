@@ -18,11 +18,6 @@ static const char *const level_names[] = {"error", "warn", "info", "debug"};
 /* syslog priorities: err, warning, info, debug. */
 static const int level_priority[] = {3, 4, 6, 7};
 
-void omv_log_set_level(omv_log_level_t level)
-{
-    omv_log_threshold = level;
-}
-
 int omv_log_set_level_name(const char *name)
 {
     for (int i = 0; i < 4; i++) {

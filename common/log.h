@@ -16,7 +16,6 @@ extern omv_log_level_t omv_log_threshold;
 
 /* Sets the threshold; names: error, warn, info, debug. Returns 0 or -EINVAL. */
 int omv_log_set_level_name(const char *name);
-void omv_log_set_level(omv_log_level_t level);
 /* Sets the program name printed on each line (borrowed; must outlive logging). */
 void omv_log_set_ident(const char *ident);
 

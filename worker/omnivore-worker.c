@@ -250,16 +250,6 @@ static int set_nice(const omv_session_config_t *cfg)
     return -1;
 }
 
-/* A relative path of a credential is systemd's LoadCredential= one when there is one. */
-static void credential_path(const char *path, char *out, size_t cap)
-{
-    const char *creds = getenv("CREDENTIALS_DIRECTORY");
-    if (path[0] != '/' && creds && creds[0])
-        snprintf(out, cap, "%s/%s", creds, path);
-    else
-        omv_strlcpy(out, path, cap);
-}
-
 /* Reads the certificates of --key and --server-key (both or neither) into keys. Returns -1 to go
  * on, or the exit status 2. */
 static int load_keys(omv_cert_t *mine, omv_cert_t *server, omv_link_curve_t *keys,
@@ -273,13 +263,13 @@ static int load_keys(omv_cert_t *mine, omv_cert_t *server, omv_link_curve_t *key
         return 2;
     }
     char path[4096], err[OMV_CONFIG_ERR_MAX];
-    credential_path(key_path, path, sizeof(path));
+    omv_cert_path(key_path, path, sizeof(path));
     if (omv_cert_read(path, mine, err) < 0 || mine->secret_key[0] == '\0') {
         fprintf(stderr, "omnivore-worker: --key: %s\n",
                 mine->secret_key[0] ? err : "not a secret certificate (NAME.key_secret)");
         return 2;
     }
-    credential_path(server_key_path, path, sizeof(path));
+    omv_cert_path(server_key_path, path, sizeof(path));
     if (omv_cert_read(path, server, err) < 0) {
         fprintf(stderr, "omnivore-worker: --server-key: %s\n", err);
         return 2;
