@@ -39,6 +39,14 @@ typedef struct {
 } command_t;
 
 /* The client being served (SO_PEERCRED); an unknown one has no rights. */
+/* A look at run (its pointers hold until the loop's next turn). */
+static omv_run_view_t view_of(const omv_run_t *run)
+{
+    omv_run_view_t v;
+    omv_run_view(run, &v);
+    return v;
+}
+
 static omv_caller_t caller_of(const omv_daemon_t *d)
 {
     omv_caller_t c = {(uid_t)-1, (gid_t)-1, 0};
@@ -126,7 +134,7 @@ static int cmd_regroup(omv_daemon_t *d, int argc, char **argv, int json, omv_str
     omv_kv_t kv;
     omv_kv_begin(&kv, reply, json);
     omv_kv_section(&kv, "regroup");
-    omv_kv_int(&kv, "groups_now", omv_groups_count(d->run->groups));
+    omv_kv_int(&kv, "groups_now", omv_groups_count(view_of(d->run).groups));
     omv_kv_int(&kv, "groups_requested", (int64_t)g);
     omv_kv_str(&kv, "when", "at the next step boundary of every group");
     omv_kv_end(&kv);
@@ -138,8 +146,8 @@ static void checkpoint_reply(const omv_run_t *run, int json, omv_strbuf_t *reply
     omv_kv_t kv;
     omv_kv_begin(&kv, reply, json);
     omv_kv_section(&kv, "checkpoint");
-    omv_kv_str(&kv, "path", run->ckpt.last_path);
-    omv_kv_double(&kv, "write_ms", run->ckpt.last_ms, 1);
+    omv_kv_str(&kv, "path", view_of(run).ckpt->last_path);
+    omv_kv_double(&kv, "write_ms", view_of(run).ckpt->last_ms, 1);
     omv_kv_end(&kv);
 }
 
@@ -148,16 +156,17 @@ static void checkpoint_reply(const omv_run_t *run, int json, omv_strbuf_t *reply
 static int checkpoint_answer(const omv_run_t *run, uint64_t written, uint64_t failed, int json,
                              omv_strbuf_t *reply)
 {
-    if (run->ckpt.failed_total != failed) {
+    const omv_run_ckpt_t *ck = view_of(run).ckpt;
+    if (ck->failed_total != failed) {
         omv_strbuf_printf(reply, "checkpoint failed (see the daemon's log)");
         return -EIO;
     }
-    if (run->ckpt.written_total == written && !run->ckpt.due) {
+    if (ck->written_total == written && !ck->due) {
         /* Given up on (a stop that could not wait): nothing will be written for it. */
         omv_strbuf_printf(reply, "no checkpoint of whole steps could be written (see status)");
         return -EAGAIN;
     }
-    if (run->ckpt.written_total == written)
+    if (ck->written_total == written)
         return 1;
     checkpoint_reply(run, json, reply);
     return 0;
@@ -168,7 +177,8 @@ static int cmd_checkpoint(omv_daemon_t *d, int argc, char **argv, int json, omv_
 {
     (void)argc, (void)argv;
     omv_run_t *run = d->run;
-    uint64_t written = run->ckpt.written_total, failed = run->ckpt.failed_total;
+    const omv_run_ckpt_t *ck = view_of(run).ckpt;
+    uint64_t written = ck->written_total, failed = ck->failed_total;
     char why[256];
     int r = omv_run_request_checkpoint(run, why, sizeof(why));
     if (r < 0) {
@@ -185,8 +195,8 @@ static int cmd_checkpoint(omv_daemon_t *d, int argc, char **argv, int json, omv_
         int id = omv_control_defer(d->control);
         if (id < 0)
             break;
-        *p = (omv_pending_ckpt_t){id,  run->id, written, failed, omv_time_ms() + CHECKPOINT_WAIT_MS,
-                                  json};
+        *p = (omv_pending_ckpt_t){
+            id, omv_run_id(run), written, failed, omv_time_ms() + CHECKPOINT_WAIT_MS, json};
         return OMV_CONTROL_DEFERRED;
     }
     omv_strbuf_printf(reply, "a group is applying a step; the checkpoint will be written when it "
@@ -203,7 +213,7 @@ void omv_commands_poll(omv_daemon_t *d)
         omv_strbuf_t body;
         omv_strbuf_init(&body);
         int r = 1;
-        if (d->run == NULL || d->run->id != p->run_id) {
+        if (d->run == NULL || omv_run_id(d->run) != p->run_id) {
             omv_strbuf_printf(&body, "the job ended before its checkpoint was written");
             r = -ENOENT;
         } else {
@@ -242,8 +252,8 @@ static void submit_reply(const omv_daemon_t *d, uint64_t id, const char *name, c
     omv_kv_str(&kv, "name", name);
     omv_kv_str(&kv, "file", path);
     if (position == 0) {
-        int loaded = d->run && d->run->id == id;
-        omv_kv_str(&kv, "state", loaded ? omv_run_state_names[d->run->state] : "failed");
+        int loaded = d->run && omv_run_id(d->run) == id;
+        omv_kv_str(&kv, "state", loaded ? omv_run_state_names[omv_run_state(d->run)] : "failed");
         if (!loaded)
             omv_kv_str(&kv, "reason", "could not be loaded (see the daemon's log)");
     } else {
@@ -331,7 +341,7 @@ static int cmd_submit(omv_daemon_t *d, int argc, char **argv, int json, omv_strb
     char name[64];
     omv_strlcpy(name, job->name, sizeof(name));
     uint64_t id = (uint64_t)omv_jobs_add(d->jobs, job, text, path, sets, 0);
-    int ahead = d->run && !OMV_JOB_OVER(d->run->state);
+    int ahead = d->run && !OMV_JOB_OVER(omv_run_state(d->run));
     omv_log_info("job %llu '%s' submitted (%s)%s", (unsigned long long)id, name, path,
                  ahead ? "; it waits for the current job" : "");
     uint32_t position = d->jobs->n_queue;
@@ -371,30 +381,32 @@ static int cmd_stop(omv_daemon_t *d, int argc, char **argv, int json, omv_strbuf
         return -ESHUTDOWN;
     }
     omv_run_t *run = d->run;
+    omv_run_view_t v = run ? view_of(run) : (omv_run_view_t){0};
     const char *what = argc > 1 ? argv[1] : NULL;
-    if (what != NULL && !(run && omv_jobs_matches(run->id, run->job.name, what)))
+    if (what != NULL && !(run && omv_jobs_matches(v.id, v.job->name, what)))
         return stop_queued(d, what, json, reply);
-    if (run == NULL || OMV_JOB_OVER(run->state)) {
+    if (run == NULL || OMV_JOB_OVER(v.state)) {
         omv_strbuf_printf(reply, "no job is running%s%s%s", run ? " (job '" : "",
-                          run ? run->job.name : "", run ? "' is over)" : "");
+                          run ? v.job->name : "", run ? "' is over)" : "");
         return -ENOENT;
     }
     const char *how = "already stopping";
-    if (run->stopping != OMV_RUN_STOP_JOB) {
-        how = run->state == OMV_JOB_RUNNING && run->ckpt.enabled
+    if (v.stopping != OMV_RUN_STOP_JOB) {
+        how = v.state == OMV_JOB_RUNNING && v.ckpt->enabled
                   ? "stopping once a checkpoint of whole steps is written; submitting the job "
                     "again resumes from there"
                   : "stopped";
         omv_run_stop(run, OMV_RUN_STOP_JOB, STOP_SETTLE_S);
+        v = view_of(run); /* it may have stopped at once */
     }
-    omv_log_info("stop requested for job %llu '%s': %s", (unsigned long long)run->id, run->job.name,
+    omv_log_info("stop requested for job %llu '%s': %s", (unsigned long long)v.id, v.job->name,
                  how);
     omv_kv_t kv;
     omv_kv_begin(&kv, reply, json);
     omv_kv_section(&kv, "stop");
-    omv_kv_int(&kv, "id", (int64_t)run->id);
-    omv_kv_str(&kv, "name", run->job.name);
-    omv_kv_str(&kv, "state", omv_run_state_names[run->state]);
+    omv_kv_int(&kv, "id", (int64_t)v.id);
+    omv_kv_str(&kv, "name", v.job->name);
+    omv_kv_str(&kv, "state", omv_run_state_names[v.state]);
     omv_kv_str(&kv, "how", how);
     omv_kv_end(&kv);
     return 0;

@@ -46,48 +46,47 @@ static void label_value(omv_strbuf_t *out, const char *v)
     }
 }
 
-static void job_metrics(const omv_daemon_t *d, const omv_run_t *r, omv_strbuf_t *out)
+static void job_metrics(const omv_daemon_t *d, const omv_run_view_t *v, omv_strbuf_t *out)
 {
     metric_head(out, "omnivore_info", "gauge", "Build and job of this daemon (always 1).");
     omv_strbuf_printf(out, "omnivore_info{version=\"%s\",protocol=\"%d\",job_name=\"", OMV_VERSION,
                       OMV_PROTOCOL_VERSION);
-    label_value(out, r->job.name);
+    label_value(out, v->job->name);
     omv_strbuf_printf(out, "\"} 1\n");
     metric_head(out, "omnivore_job_state", "gauge",
                 "The job's state: 1 for the current one, 0 for the others.");
     for (int s = OMV_JOB_WAITING; s < OMV_JOB_STATE_COUNT_; s++)
         omv_strbuf_printf(out, "omnivore_job_state{state=\"%s\"} %d\n", omv_run_state_names[s],
-                          (int)r->state == s);
+                          (int)v->state == s);
     metric(out, "omnivore_uptime_seconds", "gauge", "Seconds since the daemon started.",
            omv_time_s() - d->created_s);
     metric(out, "omnivore_train_seconds", "gauge", "Seconds the job has spent training.",
-           omv_run_train_seconds(r));
-    metric(out, "omnivore_epoch", "gauge", "Epochs of training data seen (fractional).",
-           omv_run_epoch(r));
+           v->train_seconds);
+    metric(out, "omnivore_epoch", "gauge", "Epochs of training data seen (fractional).", v->epoch);
     metric(out, "omnivore_epochs_target", "gauge", "Epochs the job trains for.",
-           (double)r->job.epochs);
-    uint64_t step = omv_groups_min_clock(r->groups);
+           (double)v->job->epochs);
+    uint64_t step = omv_groups_min_clock(v->groups);
     metric(out, "omnivore_step", "gauge", "Steps completed by the slowest live group.",
            step == UINT64_MAX ? 0.0 : (double)step);
     metric(out, "omnivore_images_total", "counter", "Training images whose gradients were applied.",
-           (double)r->images_total);
+           (double)v->stats->images_total);
     metric(out, "omnivore_images_per_second", "gauge",
-           "Training throughput over the job's training time.", omv_run_images_per_second(r));
+           "Training throughput over the job's training time.", v->images_per_second);
     metric(out, "omnivore_train_loss", "gauge",
            "Training loss of the last gradient pushed (NaN before one).",
-           r->images_total ? r->last_loss : NAN);
+           v->stats->images_total ? v->last_loss : NAN);
     metric(out, "omnivore_test_accuracy_ratio", "gauge",
            "Test accuracy of the last evaluation, 0 to 1 (NaN before one).",
-           omv_eval_last_accuracy(&r->eval));
+           omv_eval_last_accuracy(v->eval));
     metric(out, "omnivore_evaluations_total", "counter",
-           "Evaluations of the model on the test set.", (double)r->eval.n_history);
+           "Evaluations of the model on the test set.", (double)v->eval->n_history);
 }
 
-static void member_metrics(const omv_daemon_t *d, const omv_run_t *r, omv_strbuf_t *out)
+static void member_metrics(const omv_daemon_t *d, const omv_run_view_t *v, omv_strbuf_t *out)
 {
     const omv_members_t *ms = d->members;
     metric(out, "omnivore_workers_expected", "gauge", "Trainers the job asks for.",
-           (double)r->job.workers);
+           (double)v->job->workers);
     metric(out, "omnivore_workers_alive", "gauge", "Trainers registered and alive now.",
            (double)omv_members_live_trainers(ms));
     metric(out, "omnivore_worker_joins_total", "counter", "Worker registrations.",
@@ -106,31 +105,31 @@ static void member_metrics(const omv_daemon_t *d, const omv_run_t *r, omv_strbuf
                           omv_refuse_name((omv_refuse_t)i),
                           (unsigned long long)d->refusals.counts[i]);
     metric(out, "omnivore_late_gradients_total", "counter",
-           "Gradients that arrived for a step already done.", (double)r->late_total);
+           "Gradients that arrived for a step already done.", (double)v->stats->late_total);
 }
 
-static void group_metrics(const omv_run_t *r, omv_strbuf_t *out)
+static void group_metrics(const omv_run_view_t *v, omv_strbuf_t *out)
 {
     metric(out, "omnivore_checkpoints_written_total", "counter", "Checkpoints written.",
-           (double)r->ckpt.written_total);
+           (double)v->ckpt->written_total);
     metric(out, "omnivore_checkpoints_failed_total", "counter", "Checkpoint writes that failed.",
-           (double)r->ckpt.failed_total);
+           (double)v->ckpt->failed_total);
     metric(out, "omnivore_checkpoint_last_write_seconds", "gauge",
-           "How long the last checkpoint took to write.", r->ckpt.last_ms / 1000.0);
-    metric(out, "omnivore_groups", "gauge", "Compute groups.", (double)omv_groups_count(r->groups));
+           "How long the last checkpoint took to write.", v->ckpt->last_ms / 1000.0);
+    metric(out, "omnivore_groups", "gauge", "Compute groups.", (double)omv_groups_count(v->groups));
     metric(out, "omnivore_staleness_bound_steps", "gauge",
-           "The job's staleness bound (-1: no bound).", (double)r->job.staleness);
+           "The job's staleness bound (-1: no bound).", (double)v->job->staleness);
     metric(out, "omnivore_staleness_max_observed_steps", "gauge",
            "The largest step gap a served pull had to another group.",
-           (double)r->staleness_max_observed);
+           (double)v->stats->staleness_max_observed);
     metric_head(out, "omnivore_group_clock_steps", "gauge", "Steps each compute group completed.");
-    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
+    for (uint32_t g = 0; g < omv_groups_count(v->groups); g++)
         omv_strbuf_printf(out, "omnivore_group_clock_steps{group=\"%u\"} %llu\n", g,
-                          (unsigned long long)omv_groups_clock(r->groups, g));
+                          (unsigned long long)omv_groups_clock(v->groups, g));
     metric_head(out, "omnivore_group_live_members", "gauge", "Live members of each compute group.");
-    for (uint32_t g = 0; g < omv_groups_count(r->groups); g++)
+    for (uint32_t g = 0; g < omv_groups_count(v->groups); g++)
         omv_strbuf_printf(out, "omnivore_group_live_members{group=\"%u\"} %u\n", g,
-                          omv_groups_live(r->groups, g));
+                          omv_groups_live(v->groups, g));
 }
 
 /* One sample per shard server of a coordinator, labelled by its id and endpoint. */
@@ -168,10 +167,10 @@ static void server_metrics(const omv_daemon_t *d, omv_strbuf_t *out)
 
 void omv_status_metrics(const omv_daemon_t *d, omv_strbuf_t *out)
 {
-    static const omv_run_t idle = {.state = OMV_JOB_IDLE};
-    const omv_run_t *r = d->run ? d->run : &idle;
-    job_metrics(d, r, out);
-    member_metrics(d, r, out);
-    group_metrics(r, out);
+    omv_run_view_t v;
+    omv_run_view(d->run, &v); /* an idle run's with no job loaded */
+    job_metrics(d, &v, out);
+    member_metrics(d, &v, out);
+    group_metrics(&v, out);
     server_metrics(d, out);
 }

@@ -46,7 +46,7 @@ void omv_daemon_set_reload(omv_daemon_t *d, volatile sig_atomic_t *flag, const c
 static void cron_members(omv_daemon_t *d)
 {
     if (d->shard_role)
-        omv_part_cron(d); /* the coordinator declares workers dead; we keep in touch with it */
+        omv_uplink_cron(d->uplink); /* the coordinator declares workers dead; we keep in touch */
     else
         omv_messages_expire(d);
 }
@@ -254,7 +254,17 @@ omv_daemon_t *omv_daemon_new(const omv_daemon_config_t *cfg, const omv_job_t *jo
     }
     omv_refusals_init(&d->refusals, d->router);
     if (d->shard_role) {
-        r = omv_part_setup(d);
+        omv_uplink_env_t up = {.router = d->router,
+                               .members = d->members,
+                               .refusals = &d->refusals,
+                               .backup_refusals = &d->backup_refusals,
+                               .cfg = &d->cfg,
+                               .curve = d->curve,
+                               .secret_key = d->secret_key_path,
+                               .coordinator_key = d->coordinator_key,
+                               .run = &d->run};
+        d->uplink = omv_uplink_new(&up);
+        r = d->uplink ? 0 : -errno;
         if (r < 0)
             goto fail;
     } else {
@@ -300,6 +310,7 @@ void omv_daemon_destroy(omv_daemon_t **self_p)
         omv_commands_abandon(d);
     omv_control_destroy(&d->control);
     omv_run_destroy(&d->run);
+    omv_uplink_destroy(&d->uplink);
     omv_local_close(&d->local);
     omv_router_destroy(&d->router);
     omv_jobs_destroy(&d->jobs);
@@ -325,7 +336,9 @@ static int stopping(omv_daemon_t *d, volatile sig_atomic_t *stop)
     if (d->run == NULL)
         return 1;
     omv_run_progress(d->run);
-    return d->run->exit_ready;
+    omv_run_view_t v;
+    omv_run_view(d->run, &v);
+    return v.exit_ready;
 }
 
 /* Workers of an unfinished job, and idle ones, wait for a daemon to come back (a restart
@@ -333,10 +346,10 @@ static int stopping(omv_daemon_t *d, volatile sig_atomic_t *stop)
 static void say_goodbye(omv_daemon_t *d)
 {
     const char *why = "daemon is shutting down";
-    if (d->run && !OMV_JOB_OVER(d->run->state))
+    if (d->run && !OMV_JOB_OVER(omv_run_state(d->run)))
         omv_members_stop_all(d->members, d->router, OMV_MEMBER_ALIVE, OMV_MEMBER_ALIVE, why, 1);
     omv_members_stop_all(d->members, d->router, OMV_MEMBER_IDLE, OMV_MEMBER_IDLE, why, 1);
-    /* Shard servers drop their parts now and register again when the coordinator is back
+    /* Shard servers drop their runs now and register again when the coordinator is back
      * (a restart resumes the job from its last checkpoint and assigns the parts anew). */
     omv_msg_t stop = {.type = OMV_MSG_STOP};
     omv_strlcpy(stop.u.stop.reason, why, sizeof(stop.u.stop.reason));
@@ -398,12 +411,12 @@ static int turn(omv_daemon_t *d, int64_t wait)
     if (r > 0 && router_ready) {
         omv_messages_drain(d);
         if (d->shard_role)
-            omv_part_drain(d);
+            omv_uplink_drain(d->uplink);
         if (d->run)
             omv_run_progress(d->run);
     }
     if (r > 0 && d->shard_role)
-        omv_part_poll(d); /* a backup's orders that waited for a cut's steps */
+        omv_uplink_poll(d->uplink); /* a backup's orders that waited for a cut's steps */
     if (r > 0)
         omv_control_serve(d->control, fds, local >= 0 ? local : conns, omv_commands_dispatch, d);
     if (r > 0 && local >= 0 && (fds[local].revents & POLLIN))

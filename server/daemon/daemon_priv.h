@@ -1,6 +1,6 @@
 /* The daemon's own state: what lives as long as the process. The job's state is the run's
- * (run.h), reached through `run`. Only the daemon's modules (daemon.c, schedule.c, messages.c,
- * commands.c, status.c) include this. */
+ * (run.h), reached through `run`. Only the daemon's modules (daemon/, control/, jobs/) include
+ * this. */
 #pragma once
 
 #include <signal.h>
@@ -16,6 +16,7 @@
 #include "router.h"
 #include "run.h"
 #include "servers.h"
+#include "uplink.h"
 
 /* A `checkpoint` request waiting for its checkpoint to be written. */
 typedef struct {
@@ -27,14 +28,6 @@ typedef struct {
 } omv_pending_ckpt_t;
 
 #define OMV_DAEMON_MAX_PENDING 8
-
-/* A coordinator's order a backup keeps for later (uplink.c). */
-#define OMV_PART_DEFER_MAX 64
-typedef struct {
-    omv_server_msg_t msg;
-    void *payload;
-    size_t bytes;
-} omv_part_deferred_t;
 
 struct omv_daemon {
     omv_daemon_config_t cfg;
@@ -63,21 +56,12 @@ struct omv_daemon {
     omv_servers_t servers; /* a coordinator's shard servers */
     int load_degraded;     /* the next run loaded is one made again after a failover */
 
-    /* A shard server (role shard): its link to the coordinator. */
+    /* A shard server (role shard): its link to the coordinator, and a backup's refusals (not
+     * answered: its primary answers them). */
     int shard_role;
-    uint32_t server_id; /* its id at the coordinator; 0: not registered */
-    int64_t up_heard_ms, up_sent_ms, up_hello_ms;
-    char advertise[256]; /* where its workers connect */
-    char public_key[41]; /* its CURVE public key ("": none) */
-    char coordinator_key[OMV_JOB_PATH_MAX + 256];
-    /* A backup's part: its refusals (not answered), and the coordinator's orders that wait for
-     * a cut's steps (omv_part_poll). */
+    omv_uplink_t *uplink;
     omv_refusals_t backup_refusals;
-    int defer_on;
-    uint64_t defer_clocks[OMV_WIRE_MAX_CLOCKS];
-    uint32_t defer_n_groups;
-    omv_part_deferred_t deferred[OMV_PART_DEFER_MAX];
-    uint32_t n_deferred;
     double spin_until_s; /* the loop polls rather than sleeps until then ([daemon] spin_us) */
     char secret_key_path[OMV_JOB_PATH_MAX + 256];
+    char coordinator_key[OMV_JOB_PATH_MAX + 256];
 };

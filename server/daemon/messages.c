@@ -11,6 +11,7 @@
 #include "local.h"
 #include "log.h"
 #include "uplink.h"
+#include "coordinator.h"
 #include "range.h"
 #include "shm.h"
 #include "util.h"
@@ -33,8 +34,9 @@ static void send_to(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t *ms
  * them first). */
 static int job_open(const omv_daemon_t *d)
 {
-    return d->run && !OMV_JOB_OVER(d->run->state) && d->run->state != OMV_JOB_FINISHING &&
-           !omv_run_wants_servers(d->run);
+    omv_job_state_t state = d->run ? omv_run_state(d->run) : OMV_JOB_IDLE;
+    return d->run && !OMV_JOB_OVER(state) && state != OMV_JOB_FINISHING &&
+           !omv_coord_wants_servers(d->run);
 }
 
 /* With CURVE, the key the peer connected with must still be in the allow-list folder, and allow
@@ -81,13 +83,13 @@ static int hello_fits(omv_daemon_t *d, const omv_peer_t *peer, const omv_hello_t
     }
     if (!key_fits(d, peer, h, who))
         return 0;
-    int over = d->run == NULL || OMV_JOB_OVER(d->run->state) || d->run->state == OMV_JOB_FINISHING;
+    omv_job_state_t state = d->run ? omv_run_state(d->run) : OMV_JOB_IDLE;
+    int over = d->run == NULL || OMV_JOB_OVER(state) || state == OMV_JOB_FINISHING;
     if (over && d->cfg.once) {
         /* Nothing to do for it: tell it so rather than leave it waiting. */
         omv_msg_t s = {.type = OMV_MSG_STOP};
         snprintf(s.u.stop.reason, sizeof(s.u.stop.reason), "job '%s' is %s",
-                 d->run ? d->run->job.name : "",
-                 omv_run_state_names[d->run ? d->run->state : OMV_JOB_IDLE]);
+                 d->run ? omv_run_job(d->run)->name : "", omv_run_state_names[state]);
         send_to(d, peer, &s);
         return 0;
     }
@@ -106,7 +108,7 @@ static void lose_server(omv_daemon_t *d, omv_server_t *s)
     s->alive = 0;
     d->servers.lost_total++;
     if (d->run)
-        omv_run_server_lost(d->run, s);
+        omv_coord_server_lost(d->run, s);
     s->run_id = 0;
 }
 
@@ -150,13 +152,13 @@ static void on_server_hello(omv_daemon_t *d, const omv_peer_t *peer, const omv_h
     send_to(d, peer, &w);
     omv_log_info("shard server %u (%s) registered: workers reach it at %s", w.u.welcome.worker_id,
                  who, s->endpoint);
-    if (d->run && !omv_run_wants_servers(d->run)) {
-        omv_run_take_backup(d->run);
-    } else if (d->run && omv_run_add_server(d->run, s)) {
+    if (d->run && !omv_coord_wants_servers(d->run)) {
+        omv_coord_take_backup(d->run);
+    } else if (d->run && omv_coord_add_server(d->run, s)) {
         /* The job has its servers: the trainers that waited register again, into it. */
         char why[OMV_WIRE_REASON_MAX];
         snprintf(why, sizeof(why), "job '%s' has its shard servers: register again",
-                 d->run->job.name);
+                 omv_run_job(d->run)->name);
         omv_members_stop_all(d->members, d->router, OMV_MEMBER_IDLE, OMV_MEMBER_DONE, why, 1);
     }
 }
@@ -298,15 +300,15 @@ static int from_server(omv_daemon_t *d, const omv_peer_t *peer, const omv_msg_t 
         hb.u.heartbeat.worker_id = id;
         send_to(d, peer, &hb);
     } else if (msg->u.server.op == OMV_SERVER_FROZEN && d->run) {
-        omv_run_frozen(d->run, s, &msg->u.server);
+        omv_coord_frozen(d->run, s, &msg->u.server);
     } else if (msg->u.server.op == OMV_SERVER_NEED_RANGE && d->run) {
         char why[OMV_WIRE_REASON_MAX];
-        if (omv_run_send_range(d->run, s, &msg->u.server, why, sizeof(why)) < 0)
+        if (omv_range_send(d->run, s, &msg->u.server, why, sizeof(why)) < 0)
             omv_run_finish(d->run, OMV_JOB_FAILED, why);
     } else if (msg->u.server.op == OMV_SERVER_GATHERED && d->run) {
         size_t bytes;
         const void *payload = omv_router_payload(d->router, &bytes);
-        omv_run_gathered(d->run, s, &msg->u.server, payload, bytes);
+        omv_coord_gathered(d->run, s, &msg->u.server, payload, bytes);
     }
     return 1;
 }
@@ -317,7 +319,7 @@ void omv_messages_dispatch(omv_daemon_t *d, const omv_peer_t *peer, const omv_ms
     if (id >= 0 && from_server(d, peer, msg, (uint32_t)id))
         return;
     if (d->shard_role && msg->type == OMV_MSG_ATTACH) {
-        omv_part_attach(d, peer, &msg->u.attach);
+        omv_uplink_attach(d->uplink, peer, &msg->u.attach);
         return;
     }
     if (msg->type == OMV_MSG_SERVER || msg->type == OMV_MSG_ATTACH ||
@@ -355,7 +357,7 @@ void omv_messages_dispatch(omv_daemon_t *d, const omv_peer_t *peer, const omv_ms
     } else if (msg->type == OMV_MSG_PUSH) {
         omv_run_push(d->run, m, &msg->u.push);
     } else if (msg->type == OMV_MSG_REPORT) {
-        omv_run_report(d->run, m, &msg->u.report);
+        omv_coord_report(d->run, m, &msg->u.report);
     } else {
         omv_run_eval_result(d->run, m, &msg->u.eval_result);
     }
@@ -442,17 +444,21 @@ void omv_messages_drain_local(omv_daemon_t *d, const struct pollfd *fds, const u
  * and while no pull of its waits for another group, is given up as a silent one is. */
 static int stalled(const omv_run_t *r, const omv_member_t *m, int64_t now, double *ret_s)
 {
-    if (r == NULL || r->state != OMV_JOB_RUNNING || m->state != OMV_MEMBER_ALIVE ||
-        m->role != OMV_ROLE_TRAINER || m->parked || r->failover)
+    if (r == NULL || omv_run_state(r) != OMV_JOB_RUNNING || m->state != OMV_MEMBER_ALIVE ||
+        m->role != OMV_ROLE_TRAINER || m->parked)
+        return 0;
+    omv_run_view_t v;
+    omv_run_view(r, &v);
+    if (v.holding)
         return 0; /* a failover holds every trainer until its cut is in */
     /* Since it was last given work: a member served just now (as another's death completes
      * its group's step) has had no time to push. */
     int64_t since = m->last_push_ms > m->joined_ms ? m->last_push_ms : m->joined_ms;
     since = m->served_ms > since ? m->served_ms : since;
-    int64_t start = (int64_t)(r->start_s * 1000.0);
+    int64_t start = (int64_t)(v.times->start_s * 1000.0);
     since = since > start ? since : start;
     *ret_s = (double)(now - since) / 1000.0;
-    return *ret_s > r->job.progress_timeout_s;
+    return *ret_s > v.job->progress_timeout_s;
 }
 
 static void expire_servers(omv_daemon_t *d, int64_t now)
@@ -490,7 +496,7 @@ void omv_messages_expire(omv_daemon_t *d)
     credit_stall(d, now);
     expire_servers(d, now);
     int64_t timeout = d->run ? omv_run_worker_timeout_ms(d->run) : IDLE_TIMEOUT_MS;
-    int job_on = d->run && !OMV_JOB_OVER(d->run->state);
+    int job_on = d->run && !OMV_JOB_OVER(omv_run_state(d->run));
     for (uint32_t i = 0; i < d->members->n; i++) {
         omv_member_t *m = &d->members->records[i];
         double idle_s = 0;

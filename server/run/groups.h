@@ -31,7 +31,7 @@ void omv_groups_destroy(omv_groups_t **self_p);
 
 /* Puts a live worker in slot into group. A group with no live members starts again at the
  * smallest clock among live groups when its own is older. Returns 0 when the worker is a member
- * of the group's current step, 1 when part of that step is applied already and it is a member
+ * of the group's current step, 1 when some of that step is applied already and it is a member
  * from the next step on (its first step is clock + 1), or -EINVAL (slot taken or out of range).
  * A group whose last live member leaves half-way through applying a step counts that step as
  * done, so no shard of it is applied twice. */

@@ -19,6 +19,7 @@ typedef struct {
     char dir[OMV_JOB_PATH_MAX];
     int enabled; /* dir exists and may be written */
     int due;     /* one is to be written once the groups hold whole steps */
+    int forced;  /* asked for by hand: written even while a probe runs (its base) */
     uint64_t seq;
     double last_s;      /* when the last was written (or tried) */
     uint64_t last_step; /* the slowest group's clock then */

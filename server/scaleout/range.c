@@ -1,5 +1,10 @@
-/* A shard server's range as a job begins: made by the server itself, checked against the
- * coordinator's CRC-32, and sent only when it comes out otherwise. */
+/* A shard server's range: its state packed for the wire and its CRC-32, and the range as a job
+ * begins: the coordinator sends the job and the range's CRC-32, not the range, and the server
+ * makes the range itself the way the coordinator made the model (the job's seed, [model] init,
+ * or the checkpoint it resumed, read from the storage they share). Only a range that comes out
+ * otherwise (a file the server cannot read, another build) is sent, and the server starts the
+ * job once it has it. So a job's parameters pass the coordinator neither at its start nor when
+ * it goes back to a checkpoint. */
 #define OMV_LOG_TAG "run"
 #include "range.h"
 
@@ -11,13 +16,14 @@
 #include <zlib.h>
 
 #include "checkpoint.h"
+#include "coord_priv.h"
 #include "log.h"
-#include "safetensors.h"
+#include "shard_server_priv.h"
 #include "util.h"
 
 /* How many whole-model arrays a range travels as: parameters and momentum, and with Adam its
  * second moments. */
-uint32_t omv_run_state_arrays(const omv_run_t *r)
+uint32_t omv_range_arrays(const omv_run_t *r)
 {
     return r->shards->adam ? 3 : 2;
 }
@@ -30,15 +36,15 @@ static void state_of(const omv_run_t *r, const float *src[3])
     src[2] = r->shards->gather_second;
 }
 
-void omv_run_pack_range(const omv_run_t *r, float *buf, uint32_t off, uint32_t count)
+void omv_range_pack(const omv_run_t *r, float *buf, uint32_t off, uint32_t count)
 {
     const float *src[3];
     state_of(r, src);
-    for (uint32_t a = 0; a < omv_run_state_arrays(r); a++)
+    for (uint32_t a = 0; a < omv_range_arrays(r); a++)
         memcpy(buf + (size_t)a * count, src[a] + off, count * sizeof(float));
 }
 
-int omv_run_range_crc(omv_run_t *r, uint32_t first, uint32_t last, uint32_t *ret)
+int omv_range_crc(omv_run_t *r, uint32_t first, uint32_t last, uint32_t *ret)
 {
     int e = omv_shardset_gather(r->shards, 1);
     if (e < 0)
@@ -47,7 +53,7 @@ int omv_run_range_crc(omv_run_t *r, uint32_t first, uint32_t last, uint32_t *ret
     const float *src[3];
     state_of(r, src);
     uLong crc = crc32(0L, Z_NULL, 0);
-    for (uint32_t a = 0; a < omv_run_state_arrays(r); a++) {
+    for (uint32_t a = 0; a < omv_range_arrays(r); a++) {
         const unsigned char *p = (const unsigned char *)(src[a] + off);
         size_t left = (size_t)count * sizeof(float);
         while (left > 0) { /* crc32() takes an unsigned int of bytes at a time */
@@ -61,6 +67,24 @@ int omv_run_range_crc(omv_run_t *r, uint32_t first, uint32_t last, uint32_t *ret
     return 0;
 }
 
+omv_server_msg_t *omv_range_gathered_msg(const omv_run_t *r, omv_msg_t *msg, uint64_t id)
+{
+    const omv_shard_server_t *ss = omv_shard_server(r);
+    *msg = (omv_msg_t){.type = OMV_MSG_SERVER};
+    omv_server_msg_t *u = &msg->u.server;
+    u->op = OMV_SERVER_GATHERED;
+    u->server_id = ss->server_id;
+    u->first_shard = r->lo;
+    u->last_shard = r->hi;
+    u->gather_id = id;
+    u->images = r->stats.images_total;
+    u->steps = r->stats.steps_total;
+    u->n_groups = omv_groups_count(r->groups);
+    for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
+        u->clocks[g] = omv_groups_clock(r->groups, g);
+    return u;
+}
+
 /* The words of the job that lead an ASSIGN's payload. */
 static size_t job_words(void)
 {
@@ -71,28 +95,30 @@ static size_t job_words(void)
 static omv_server_msg_t *range_msg(omv_run_t *r, omv_server_t *s, omv_msg_t *msg,
                                    omv_server_op_t op)
 {
+    omv_coord_t *co = omv_coord(r);
     *msg = (omv_msg_t){.type = OMV_MSG_SERVER};
     omv_server_msg_t *u = &msg->u.server;
     u->op = op;
-    u->server_id = omv_servers_id(r->env.servers, s);
+    u->server_id = omv_servers_id(co->servers, s);
     u->first_shard = s->first;
     u->last_shard = s->last;
-    u->train_count = r->train_count;
+    u->train_count = r->plan.train_count;
     u->n_groups = omv_groups_count(r->groups);
     for (uint32_t g = 0; g < u->n_groups && g < OMV_WIRE_MAX_CLOCKS; g++)
         u->clocks[g] = omv_groups_clock(r->groups, g);
-    u->images = r->images_total;
-    u->steps = r->steps_total;
+    u->images = r->stats.images_total;
+    u->steps = r->stats.steps_total;
     u->adam_steps = r->shards->gather_steps[0];
     u->gather_id = r->id;
     u->backup = s->backup;
     return u;
 }
 
-int omv_run_send_assign(omv_run_t *r, omv_server_t *s)
+int omv_range_assign(omv_run_t *r, omv_server_t *s)
 {
+    omv_coord_t *co = omv_coord(r);
     uint32_t crc;
-    int e = omv_run_range_crc(r, s->first, s->last, &crc);
+    int e = omv_range_crc(r, s->first, s->last, &crc);
     if (e < 0)
         return e;
     omv_msg_t msg;
@@ -110,18 +136,18 @@ int omv_run_send_assign(omv_run_t *r, omv_server_t *s)
     if (buf == NULL)
         return -ENOMEM;
     memcpy(buf, &r->job, sizeof(omv_job_t));
-    e = omv_servers_send(r->env.servers, r->env.router, s, &msg, buf);
+    e = omv_servers_send(co->servers, r->env.router, s, &msg, buf);
     free(buf);
     return e;
 }
 
-int omv_run_send_range(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *u, char *why,
-                       size_t cap)
+int omv_range_send(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *u, char *why, size_t cap)
 {
-    uint32_t id = omv_servers_id(r->env.servers, s), crc;
+    omv_coord_t *co = omv_coord(r);
+    uint32_t id = omv_servers_id(co->servers, s), crc;
     if (s->run_id != r->id || u->gather_id != r->id)
         return 0; /* for a run made again since */
-    if (omv_run_range_crc(r, s->first, s->last, &crc) < 0 || crc != s->range_crc) {
+    if (omv_range_crc(r, s->first, s->last, &crc) < 0 || crc != s->range_crc) {
         snprintf(why, cap,
                  "shard server %u asks for shards [%u, %u), which have moved on here since "
                  "they were assigned",
@@ -129,17 +155,17 @@ int omv_run_send_range(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *u,
         return -ESTALE;
     }
     uint32_t off = r->shards->offsets[s->first], count = r->shards->offsets[s->last] - off;
-    size_t words = (size_t)omv_run_state_arrays(r) * count;
+    size_t words = (size_t)omv_range_arrays(r) * count;
     float *buf = malloc(words * sizeof(float));
     if (buf == NULL) {
         snprintf(why, cap, "out of memory for shard server %u's range", id);
         return -ENOMEM;
     }
-    omv_run_pack_range(r, buf, off, count);
+    omv_range_pack(r, buf, off, count);
     omv_msg_t msg;
     omv_server_msg_t *m = range_msg(r, s, &msg, OMV_SERVER_RANGE);
     m->count = (uint32_t)words;
-    if (omv_servers_send(r->env.servers, r->env.router, s, &msg, buf) == 0) {
+    if (omv_servers_send(co->servers, r->env.router, s, &msg, buf) == 0) {
         s->range_bytes += words * sizeof(float);
         omv_log_info("shard server %u could not make shards [%u, %u) itself: sent them (%zu "
                      "bytes)",
@@ -149,48 +175,13 @@ int omv_run_send_range(omv_run_t *r, omv_server_t *s, const omv_server_msg_t *u,
     return 0;
 }
 
-/* Puts a checkpoint's model and optimizer state into the shards. State written by another
- * update rule (SGD's momentum for Adam, or Adam's moments for SGD) does not carry over: that
- * part starts afresh. */
-int omv_run_restore_state(omv_run_t *r, const omv_checkpoint_t *c)
-{
-    int adam = r->shards->adam;
-    if (adam != (c->second != NULL)) {
-        omv_log_warn("%s holds %s state and the job trains with %s: the parameters carry over, "
-                     "the optimizer state starts afresh",
-                     r->ckpt.resumed_from, c->second ? "Adam's" : "SGD's", r->job.update_name);
-        return omv_shardset_restore(r->shards, c->params, NULL, NULL, NULL);
-    }
-    uint64_t steps[OMV_WIRE_MAX_SHARDS]; /* one count for every shard */
-    for (uint32_t s = 0; s < r->shards->n_shards; s++)
-        steps[s] = c->adam_steps;
-    return omv_shardset_restore(r->shards, c->params, c->velocity, c->second, adam ? steps : NULL);
-}
-
-/* [model] init: the job starts from a safetensors file's weights (its optimizer state fresh).
- * A checkpoint to resume from comes after and wins. Returns 0 or -EINVAL (logged). */
-int omv_run_load_init(omv_run_t *r, const char *path)
-{
-    char err[OMV_SAFETENSORS_ERR_MAX];
-    float *w = malloc(r->layout.param_count * sizeof(float));
-    int e = w ? omv_safetensors_read(path, &r->layout, w, err) : -ENOMEM;
-    if (e == 0)
-        e = omv_shardset_restore(r->shards, w, NULL, NULL, NULL);
-    else
-        omv_log_error("[model] init: %s", w ? err : "out of memory");
-    free(w);
-    if (e == 0)
-        omv_log_info("model initialised from %s", path);
-    return e < 0 ? -EINVAL : 0;
-}
-
-int omv_run_part_load(omv_run_t *r, const float *params, const float *velocity, const float *second,
+static int range_load(omv_run_t *r, const float *params, const float *velocity, const float *second,
                       uint64_t adam_steps, size_t count)
 {
-    uint32_t off = r->shards->offsets[r->part.first];
-    if (count != r->shards->offsets[r->part.last] - off || (second != NULL) != r->shards->adam)
+    uint32_t off = r->shards->offsets[r->lo];
+    if (count != r->shards->offsets[r->hi] - off || (second != NULL) != r->shards->adam)
         return -EINVAL;
-    /* The whole-model arrays the restore reads: only this part's range is used. */
+    /* The whole-model arrays the restore reads: only this server's range is used. */
     int e = omv_shardset_gather(r->shards, 1);
     if (e < 0)
         return e;
@@ -212,23 +203,23 @@ static int make_from_checkpoint(omv_run_t *r, const omv_server_msg_t *a)
     int e = omv_run_ckpt_confined(a->part_dir, r->env.state_dir, r->env.checkpoint_root, why,
                                   sizeof(why));
     if (e < 0) {
-        omv_log_warn("shards [%u, %u): cannot read checkpoint %" PRIu64 ": %s", r->part.first,
-                     r->part.last, a->part_seq, why);
+        omv_log_warn("shards [%u, %u): cannot read checkpoint %" PRIu64 ": %s", r->lo, r->hi,
+                     a->part_seq, why);
         return e;
     }
     omv_checkpoint_name(a->part_seq, name, sizeof(name));
     snprintf(path, sizeof(path), "%s/%s", a->part_dir, name);
     omv_checkpoint_t c;
     char err[OMV_CHECKPOINT_ERR_MAX];
-    uint64_t lo = r->shards->offsets[r->part.first], hi = r->shards->offsets[r->part.last];
+    uint64_t lo = r->shards->offsets[r->lo], hi = r->shards->offsets[r->hi];
     e = omv_checkpoint_read_range(&c, path, lo, hi, err); /* only the parts of this range */
     if (e < 0) {
-        omv_log_warn("shards [%u, %u): %s", r->part.first, r->part.last, err);
+        omv_log_warn("shards [%u, %u): %s", r->lo, r->hi, err);
         return e;
     }
     if (c.param_count != r->layout.param_count) {
-        omv_log_warn("shards [%u, %u): %s holds %" PRIu64 " parameters, the job %zu", r->part.first,
-                     r->part.last, path, c.param_count, r->layout.param_count);
+        omv_log_warn("shards [%u, %u): %s holds %" PRIu64 " parameters, the job %zu", r->lo, r->hi,
+                     path, c.param_count, r->layout.param_count);
         e = -EINVAL;
     } else {
         omv_strlcpy(r->ckpt.resumed_from, path, sizeof(r->ckpt.resumed_from));
@@ -238,8 +229,9 @@ static int make_from_checkpoint(omv_run_t *r, const omv_server_msg_t *a)
     return e;
 }
 
-int omv_run_part_make(omv_run_t *r, const omv_server_msg_t *a, const char *init)
+int omv_range_make(omv_run_t *r, const omv_server_msg_t *a, const char *init)
 {
+    omv_shard_server_t *ss = omv_shard_server(r);
     int e = 0;
     if (a->part_dir[0])
         e = make_from_checkpoint(r, a);
@@ -248,47 +240,47 @@ int omv_run_part_make(omv_run_t *r, const omv_server_msg_t *a, const char *init)
     const char *from = a->part_dir[0] ? "the checkpoint" : init[0] ? "[model] init" : "the seed";
     uint32_t crc = 0;
     if (e == 0)
-        e = omv_run_range_crc(r, r->part.first, r->part.last, &crc);
+        e = omv_range_crc(r, r->lo, r->hi, &crc);
     if (e == 0 && crc != a->range_crc) {
         omv_log_warn("shards [%u, %u) made from %s are not the coordinator's (CRC-32 %08x, "
                      "not %08x)",
-                     r->part.first, r->part.last, from, crc, a->range_crc);
+                     r->lo, r->hi, from, crc, a->range_crc);
         e = -EINVAL;
     }
     if (e < 0) {
-        omv_log_warn("shards [%u, %u): asking the coordinator for them; the job waits",
-                     r->part.first, r->part.last);
-        r->range_owed = 1;
+        omv_log_warn("shards [%u, %u): asking the coordinator for them; the job waits", r->lo,
+                     r->hi);
+        ss->range_owed = 1;
         return e;
     }
-    omv_log_info("shards [%u, %u) made from %s here (CRC-32 %08x, as the coordinator's)",
-                 r->part.first, r->part.last, from, crc);
+    omv_log_info("shards [%u, %u) made from %s here (CRC-32 %08x, as the coordinator's)", r->lo,
+                 r->hi, from, crc);
     return 0;
 }
 
-int omv_run_part_take_range(omv_run_t *r, const omv_server_msg_t *u, const void *payload,
-                            size_t bytes)
+int omv_range_take(omv_run_t *r, const omv_server_msg_t *u, const void *payload, size_t bytes)
 {
-    uint32_t off = r->shards->offsets[r->part.first];
-    size_t count = r->shards->offsets[r->part.last] - off;
-    if (!r->range_owed || u->gather_id != r->id || u->first_shard != r->part.first ||
-        u->last_shard != r->part.last || bytes != count * omv_run_state_arrays(r) * sizeof(float)) {
+    omv_shard_server_t *ss = omv_shard_server(r);
+    uint32_t off = r->shards->offsets[r->lo];
+    size_t count = r->shards->offsets[r->hi] - off;
+    if (!ss->range_owed || u->gather_id != r->id || u->first_shard != r->lo ||
+        u->last_shard != r->hi || bytes != count * omv_range_arrays(r) * sizeof(float)) {
         omv_log_error("the coordinator's range of %zu bytes for shards [%u, %u) is not the one "
                       "asked for (shards [%u, %u), %zu bytes%s): ignored",
-                      bytes, u->first_shard, u->last_shard, r->part.first, r->part.last,
-                      count * omv_run_state_arrays(r) * sizeof(float),
-                      r->range_owed ? "" : ", none owed");
+                      bytes, u->first_shard, u->last_shard, r->lo, r->hi,
+                      count * omv_range_arrays(r) * sizeof(float),
+                      ss->range_owed ? "" : ", none owed");
         return -EINVAL;
     }
     const float *v = payload;
-    int e = omv_run_part_load(r, v, v + count, r->shards->adam ? v + 2 * count : NULL,
-                              u->adam_steps, count);
+    int e =
+        range_load(r, v, v + count, r->shards->adam ? v + 2 * count : NULL, u->adam_steps, count);
     if (e < 0) {
-        omv_log_error("cannot take the coordinator's shards [%u, %u): %s", r->part.first,
-                      r->part.last, omv_strerror(e));
+        omv_log_error("cannot take the coordinator's shards [%u, %u): %s", r->lo, r->hi,
+                      omv_strerror(e));
         return e;
     }
-    r->range_owed = 0;
-    omv_log_info("shards [%u, %u) came from the coordinator", r->part.first, r->part.last);
+    ss->range_owed = 0;
+    omv_log_info("shards [%u, %u) came from the coordinator", r->lo, r->hi);
     return 0;
 }

@@ -50,7 +50,7 @@ omv_server_t *omv_servers_register(omv_servers_t *self, const omv_peer_t *peer,
                                    const omv_hello_t *h);
 /* The live server with id that registered from peer, or NULL. */
 omv_server_t *omv_servers_find(omv_servers_t *self, const omv_peer_t *peer, uint32_t id);
-/* Live servers that hold no run's part. */
+/* Live servers that hold no run's range. */
 uint32_t omv_servers_free(const omv_servers_t *self);
 /* Sends msg (payload as omv_wire_payload_count says) to server s. Returns 0 or -errno. */
 int omv_servers_send(omv_servers_t *self, omv_router_t *router, omv_server_t *s,

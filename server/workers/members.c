@@ -173,17 +173,25 @@ int omv_members_idle(const omv_members_t *self)
     return n;
 }
 
-void omv_members_assign_slices(omv_members_t *self, uint32_t train_count, uint32_t parts)
+uint32_t omv_members_shm_in_use(const omv_members_t *self)
 {
-    if (parts == 0)
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < self->n; i++)
+        n += self->records[i].shm_on != 0;
+    return n;
+}
+
+void omv_members_assign_slices(omv_members_t *self, uint32_t train_count, uint32_t among)
+{
+    if (among == 0)
         return;
     uint32_t i = 0;
     for (uint32_t k = 0; k < self->n; k++) {
         omv_member_t *m = &self->records[k];
         if (m->state != OMV_MEMBER_ALIVE || m->role != OMV_ROLE_TRAINER)
             continue;
-        uint32_t begin = (uint32_t)((uint64_t)train_count * i / parts);
-        uint32_t end = (uint32_t)((uint64_t)train_count * (i + 1) / parts);
+        uint32_t begin = (uint32_t)((uint64_t)train_count * i / among);
+        uint32_t end = (uint32_t)((uint64_t)train_count * (i + 1) / among);
         m->slice_begin = begin;
         m->slice_count = end - begin;
         i++;

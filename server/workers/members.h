@@ -128,13 +128,14 @@ omv_member_t *omv_members_adopt(omv_members_t *self, uint32_t id, const char *ho
  * that no shard has a command in flight that points into them (omv_shardset_sync). */
 void omv_members_shm_release(omv_member_t *m);
 
-/* Live trainers, and members that wait for a job. */
+/* Live trainers, members that wait for a job, and members with shared segments now. */
 int omv_members_live_trainers(const omv_members_t *self);
 int omv_members_idle(const omv_members_t *self);
+uint32_t omv_members_shm_in_use(const omv_members_t *self);
 
-/* Divides train_count images among the live trainers in order of id, as if there were parts
- * of them (parts >= live trainers; 0: nothing changes). */
-void omv_members_assign_slices(omv_members_t *self, uint32_t train_count, uint32_t parts);
+/* Divides train_count images among the live trainers in order of id, as if there were `among`
+ * of them (among >= live trainers; 0: nothing changes). */
+void omv_members_assign_slices(omv_members_t *self, uint32_t train_count, uint32_t among);
 
 /* Sends Stop (reconnect: register again) to every member in state `from` and moves it to
  * `to` (to == from: sends only). */

@@ -36,6 +36,3 @@ int omv_local_pollfds(const omv_daemon_t *d, struct pollfd *fds, uint32_t *who, 
 
 /* Member i's connection closed or broke: its process is gone (declared dead, segments freed). */
 void omv_local_gone(omv_daemon_t *d, uint32_t i);
-
-/* Segments handed out and in use now. */
-uint32_t omv_local_in_use(const omv_daemon_t *d);

@@ -52,7 +52,7 @@ void omv_local_offer(omv_local_t *self, omv_member_t *m, omv_welcome_t *w)
 /* Frees m's segments once no shard can still be writing into them. */
 static void release(omv_daemon_t *d, omv_member_t *m)
 {
-    if (m->shm_on && (d->run == NULL || omv_shardset_sync(d->run->shards) == 0))
+    if (m->shm_on && (d->run == NULL || omv_shardset_sync(omv_run_shards(d->run)) == 0))
         omv_members_shm_release(m);
 }
 
@@ -69,13 +69,13 @@ static omv_member_t *claimant(omv_daemon_t *d, const omv_shm_hello_t *h)
 /* Makes m's segments and sends them on conn. Returns 0 (conn is m's now) or a negative errno. */
 static int hand_over(omv_daemon_t *d, omv_member_t *m, int conn)
 {
-    size_t bytes = d->run->shards->param_count * sizeof(float);
+    size_t bytes = omv_run_shards(d->run)->param_count * sizeof(float);
     void *pm = NULL, *gm = NULL;
     int pf = omv_shm_create(bytes, "omnivore-params", &pm);
     int gf = pf < 0 ? pf : omv_shm_create(bytes, "omnivore-grads", &gm);
     /* Without a model segment (none could be made) the third is the params segment again,
      * and every step's parameters are copies. */
-    int model = d->run->shards->model_fd;
+    int model = omv_run_shards(d->run)->model_fd;
     int fds[OMV_SHM_FDS] = {pf, gf, model >= 0 ? model : pf};
     int r = gf < 0 ? gf : omv_shm_send(conn, fds, bytes);
     if (pf >= 0)
@@ -140,7 +140,7 @@ void omv_local_gone(omv_daemon_t *d, uint32_t i)
 {
     omv_member_t *m = &d->members->records[i];
     d->local.gone_total++;
-    if (m->state == OMV_MEMBER_ALIVE && d->run && !OMV_JOB_OVER(d->run->state)) {
+    if (m->state == OMV_MEMBER_ALIVE && d->run && !OMV_JOB_OVER(omv_run_state(d->run))) {
         omv_log_warn("worker %u (\"%s\" pid %u) is gone: its process closed its shared "
                      "memory: declared dead",
                      i + 1, m->host, m->pid);
@@ -158,13 +158,5 @@ int omv_local_pollfds(const omv_daemon_t *d, struct pollfd *fds, uint32_t *who, 
             fds[n] = (struct pollfd){d->members->records[i].shm_conn, POLLIN, 0};
             who[n++] = i;
         }
-    return n;
-}
-
-uint32_t omv_local_in_use(const omv_daemon_t *d)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < d->members->n; i++)
-        n += d->members->records[i].shm_on != 0;
     return n;
 }
