@@ -4,8 +4,6 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "optimizer.h"
