@@ -238,8 +238,8 @@ int omv_optimizer_restore(omv_optimizer_t *self, const omv_opt_saved_t *saved, d
  * 3/8)", without a newline. */
 void omv_optimizer_describe(const omv_optimizer_t *self, omv_strbuf_t *out);
 
-/* Appends every decision so far as a JSON array of objects (see optimizer.c for the records:
- * "event" is "start", "probe", "skip", "choose", "grow", "halve", "phase", "phase_end",
+/* Appends every decision so far as a JSON array of objects (see optimizer_decisions.c for the
+ * records: "event" is "start", "probe", "skip", "choose", "grow", "halve", "phase", "phase_end",
  * "diverge", "membership" or "resume"). */
 void omv_optimizer_decisions(const omv_optimizer_t *self, omv_strbuf_t *out);
 
