@@ -144,12 +144,12 @@ static void section_shards(const omv_run_view_t *v, omv_kv_t *kv)
         uint64_t applies, summed, snaps, serves;
         omv_shard_thread_counts(t, &applies, &summed);
         omv_shard_thread_stats(t, &snaps, &serves);
-        omv_shard_views_t v;
-        omv_shard_thread_views(t, &v);
-        views.views += v.views;
-        views.bytes += v.bytes;
-        views.changes += v.changes;
-        views.wholes += v.wholes;
+        omv_shard_views_t sv;
+        omv_shard_thread_views(t, &sv);
+        views.views += sv.views;
+        views.bytes += sv.bytes;
+        views.changes += sv.changes;
+        views.wholes += sv.wholes;
         summed_all += summed;
         char key[64];
         snprintf(key, sizeof(key), "shard_%u_applied_total", s);
