@@ -133,7 +133,6 @@ typedef struct {
     const omv_job_t *job;
     omv_job_state_t state;
     const char *fail_reason; /* why it failed or stopped */
-    omv_run_kind_t kind;
     const omv_run_plan_t *plan;
     const omv_run_times_t *times;
     const omv_run_stats_t *stats;

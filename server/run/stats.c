@@ -117,7 +117,6 @@ void omv_run_view(const omv_run_t *r, omv_run_view_t *ret)
         .job = &r->job,
         .state = r->state,
         .fail_reason = r->fail_reason,
-        .kind = r->role ? r->role->kind : OMV_RUN_WHOLE,
         .plan = &r->plan,
         .times = &r->times,
         .stats = &r->stats,
