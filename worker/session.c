@@ -4,7 +4,6 @@
 #include "session.h"
 
 #include <errno.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +17,7 @@
 #include "log.h"
 #include "net.h"
 #include "rng.h"
-#include "shm.h"
+#include "shmlink.h"
 #include "util.h"
 
 typedef struct {
@@ -47,23 +46,12 @@ typedef struct {
     uint32_t slice_begin, slice_count; /* the slice in data */
     float *params;                     /* [param_count] */
     float *grad;                       /* [param_count] */
-    /* Shared segments with the daemon (common/shm.h), when it is on this host: it writes the
-     * parameters into shm_params and reads the gradient from shm_grads. */
-    int shm_conn;          /* -1: none */
-    int local_on;          /* the envelopes of shared-memory steps go on shm_conn (common/shm.h) */
-    omv_shm_batch_t *held; /* envelopes for shm_conn, sent when we next wait (flush_local) */
-    float *shm_params, *shm_grads;
-    const float *shm_model; /* the daemon's parameters themselves, read-only */
-    size_t shm_bytes;
-    int shared_step;  /* this step's parameters are read in shm_model */
-    int shared_said;  /* said once that they are */
-    int shm_step;     /* this step's parameters came through them (and its gradient goes so) */
-    int shm_warned;   /* said once that the socket is used instead */
-    const float *p;   /* where this step's parameters are: a segment or ours */
-    float *g;         /* and its gradient */
-    uint16_t *grad16; /* [param_count] the gradient as bf16 travels */
-    uint8_t *grad8;   /* [wire int8] one shard's gradient as it travels (common/q8.h) */
-    float *residual;  /* [wire int8: param_count] what rounding to int8 has not sent yet */
+    omv_shmlink_t shm;                 /* shared memory with the daemon, when it is on this host */
+    const float *p;                    /* where this step's parameters are: a segment or ours */
+    float *g;                          /* and its gradient */
+    uint16_t *grad16;                  /* [param_count] the gradient as bf16 travels */
+    uint8_t *grad8;  /* [wire int8] one shard's gradient as it travels (common/q8.h) */
+    float *residual; /* [wire int8: param_count] what rounding to int8 has not sent yet */
     /* Wire int8: params is our view of the model (common/q8.h); the view we hold from each
      * link's daemon or server (0: none, so its next Params come whole), and the changes each
      * shard had since its view began. */
@@ -98,67 +86,19 @@ enum {
     WAIT_LOST = 2, /* the daemon went away or no longer knows us: register again */
 };
 
-/* The shared-memory connection is closed or broken (err): envelopes go over the socket, and the
- * daemon, which closed it or sees it closed, sends parameters that way too. Said once. */
-static void local_lost(session_t *s, int err)
-{
-    s->local_on = 0;
-    if (!s->shm_warned)
-        omv_log_warn("worker %u: the shared-memory connection with the daemon is gone (%s): "
-                     "parameters and gradients travel over %s",
-                     s->worker_id, omv_strerror(err), s->cfg->endpoint);
-    s->shm_warned = 1;
-}
-
-/* Whether m goes on the shared-memory connection: a pull to the daemon, a push whose values
- * are in the segment, or our Leave (there it comes before the connection closes as we exit;
- * over the socket the daemon could see the close first and take us for dead). */
-static int via_local(const session_t *s, const omv_link_t *link, const omv_msg_t *m)
-{
-    return s->local_on && link == s->link &&
-           (m->type == OMV_MSG_PULL || m->type == OMV_MSG_LEAVE ||
-            (m->type == OMV_MSG_PUSH && m->u.push.wire == OMV_WIRE_SHM));
-}
-
-/* Sends the envelopes held for the shared-memory connection; those it does not take (full, or
- * gone) go over the socket, in order. */
+/* Sends what waits for the shared-memory link: nothing we wait for can come before it, nor may
+ * anything we send over a socket overtake it. */
 static void flush_local(session_t *s)
 {
-    if (s->held == NULL || s->held->n == 0)
-        return;
-    int r = s->local_on ? omv_shm_batch_flush(s->shm_conn, s->held) : -ENOTCONN;
-    if (r >= 0)
-        s->last_sent_ms = omv_time_ms();
-    if (r < 0 && r != -EAGAIN && s->local_on)
-        local_lost(s, r);
-    omv_shm_batch_t *b = s->held;
-    char why[OMV_WIRE_REASON_MAX];
-    for (uint32_t i = 0, at = 0; i < b->n; at += b->len[i++]) {
-        omv_msg_t m;
-        if (omv_wire_decode(b->buf + at, b->len[i], &m, why) == 0)
-            omv_link_send(s->link, &m, NULL);
-    }
-    b->n = b->used = 0;
+    omv_shmlink_flush(&s->shm, s->link, s->worker_id);
 }
 
-/* Sends m on link. A pull or a shared-memory push for the daemon on this host waits in s->held
- * until we next wait for a message (recv_any), or until a push of a large shard
- * (OMV_SHM_WAKE_PARAMS, common/shm.h), then goes with the others on the shared-memory
- * connection in one system call: the daemon wakes once or twice a step for them, not for each
- * while we compute (on 2 cores, each wake-up takes a core from a trainer). Anything else goes
- * at once on the socket, after what was held. */
+/* Sends m on link: to the daemon, the shared-memory link takes what goes its way (it decides);
+ * anything else goes at once on the socket, after what it held. */
 static int send_on(session_t *s, omv_link_t *link, const omv_msg_t *m, const void *payload)
 {
-    if (via_local(s, link, m)) {
-        if (omv_shm_batch_add(s->held, m) == -ENOSPC) {
-            flush_local(s);
-            omv_shm_batch_add(s->held, m);
-        }
-        if (m->type == OMV_MSG_LEAVE ||
-            (m->type == OMV_MSG_PUSH && m->u.push.count >= OMV_SHM_WAKE_PARAMS))
-            flush_local(s);
+    if (link == s->link && omv_shmlink_hold(&s->shm, m, s->link, s->worker_id))
         return 0;
-    }
     flush_local(s); /* what was held goes first */
     int r = omv_link_send(link, m, payload);
     if (r < 0)
@@ -173,41 +113,6 @@ static int send_msg(session_t *s, const omv_msg_t *m, const void *payload)
     return send_on(s, s->link, m, payload);
 }
 
-/* The next envelope on the shared-memory connection: only parameters in our segment come
- * that way. Returns as omv_link_recv. */
-static int recv_local(session_t *s, omv_msg_t *m, char *why)
-{
-    int r = omv_shm_recv_msg(s->shm_conn, m, why);
-    if (r == 0 && (m->type != OMV_MSG_PARAMS || m->u.params.wire != OMV_WIRE_SHM)) {
-        snprintf(why, OMV_WIRE_REASON_MAX,
-                 "%s on the shared-memory connection: only shared-memory parameters come that "
-                 "way",
-                 omv_msg_name(m->type));
-        return -EPROTO;
-    }
-    if (r == 0 || r == -EPROTO || r == -EAGAIN || r == -EINTR)
-        return r;
-    local_lost(s, r);
-    return -EAGAIN;
-}
-
-/* Polls the shared-memory connection for up to spin_us, giving the CPU to whoever wants it
- * between tries. A trainer waits for its parameters about 0.3 ms a step (the daemon's update and
- * the group's slowest member); asleep, it would wake through the scheduler and, on a virtual
- * machine, an idle vCPU's exit, about 0.1 ms more each way. While it polls its core is taken by
- * nobody else who needs it: sched_yield lets the daemon and the other trainers run there.
- * Returns as recv_local, -EAGAIN when nothing came in time. */
-static int spin_local(session_t *s, omv_msg_t *m, char *why)
-{
-    double until = omv_time_s() + s->cfg->spin_us * 1e-6;
-    for (;;) {
-        int r = recv_local(s, m, why);
-        if (r != -EAGAIN || !s->local_on || omv_time_s() >= until)
-            return r;
-        sched_yield();
-    }
-}
-
 /* Waits up to wait ms for a message from the daemon (on its socket, or on the shared-memory
  * connection) or a shard server; s->from says which link. */
 static int recv_any(session_t *s, omv_msg_t *m, int wait, char *why)
@@ -215,17 +120,18 @@ static int recv_any(session_t *s, omv_msg_t *m, int wait, char *why)
     flush_local(s); /* nothing we wait for can come before what we asked for */
     if (s->n_servers == 0) {
         s->from = s->link;
-        if (!s->local_on)
+        if (!s->shm.on)
             return omv_link_recv(s->link, m, wait, why);
         if (wait > 0 && s->cfg->spin_us > 0) {
-            int r = spin_local(s, m, why);
-            if (r != -EAGAIN || !s->local_on)
+            int r = omv_shmlink_spin(&s->shm, m, why, s->worker_id);
+            if (r != -EAGAIN || !s->shm.on)
                 return r;
         }
-        int i = omv_link_poll_fd(&s->link, 1, s->shm_conn, wait);
+        int i = omv_link_poll_fd(&s->link, 1, s->shm.conn, wait);
         if (i < 0)
             return i;
-        return i == 1 ? recv_local(s, m, why) : omv_link_recv(s->link, m, 0, why);
+        return i == 1 ? omv_shmlink_recv(&s->shm, m, why, s->worker_id)
+                      : omv_link_recv(s->link, m, 0, why);
     }
     s->links[0] = s->link;
     int i = omv_link_poll(s->links, 1 + (int)(s->n_servers + s->n_backups), wait);
@@ -237,7 +143,9 @@ static int recv_any(session_t *s, omv_msg_t *m, int wait, char *why)
 
 static void send_heartbeat_if_due(session_t *s)
 {
-    if (s->worker_id != 0 && omv_time_ms() - s->last_sent_ms >= s->cfg->heartbeat_ms) {
+    /* What the shared-memory link took counts as much as what went on the socket. */
+    int64_t sent = s->last_sent_ms > s->shm.sent_ms ? s->last_sent_ms : s->shm.sent_ms;
+    if (s->worker_id != 0 && omv_time_ms() - sent >= s->cfg->heartbeat_ms) {
         omv_msg_t hb = {.type = OMV_MSG_HEARTBEAT};
         hb.u.heartbeat.worker_id = s->worker_id;
         send_msg(s, &hb, NULL);
@@ -339,55 +247,6 @@ static int same_job(const omv_jobspec_t *a, const omv_jobspec_t *b)
            memcmp(a->std, b->std, a->n_std * sizeof(a->std[0])) == 0 &&
            a->n_shards == b->n_shards && a->wire == b->wire &&
            memcmp(a->shard_offsets, b->shard_offsets, (a->n_shards + 1) * sizeof(uint32_t)) == 0;
-}
-
-static void shm_detach(session_t *s)
-{
-    omv_shm_unmap(s->shm_params, s->shm_bytes);
-    omv_shm_unmap(s->shm_grads, s->shm_bytes);
-    omv_shm_unmap((void *)s->shm_model, s->shm_bytes);
-    if (s->shm_conn >= 0)
-        close(s->shm_conn);
-    s->shm_conn = -1;
-    s->local_on = 0;
-    if (s->held) /* what the last registration held back is its own */
-        s->held->n = s->held->used = 0;
-    s->shm_params = s->shm_grads = NULL;
-    s->shm_model = NULL;
-    s->shm_bytes = 0;
-}
-
-/* A trainer whose Welcome offers shared memory asks for its segments; when it cannot have
- * them (the daemon is on another host or network namespace) it says so once and uses the
- * socket. */
-static void shm_attach(session_t *s, const omv_welcome_t *w)
-{
-    shm_detach(s);
-    if (s->cfg->role != OMV_ROLE_TRAINER || w->idle || w->shm_socket[0] == '\0' || s->cfg->no_shm)
-        return;
-    char why[OMV_WIRE_REASON_MAX];
-    omv_shm_hello_t h = {.worker_id = s->worker_id, .token = w->shm_token};
-    size_t bytes = (size_t)w->job.param_count * sizeof(float);
-    omv_shm_maps_t maps;
-    int c = omv_shm_attach(w->shm_socket, &h, bytes, 2000, &maps, why);
-    if (c < 0) {
-        if (!s->shm_warned)
-            omv_log_info("no shared memory with the daemon (%s): parameters and gradients "
-                         "travel over %s",
-                         why, s->cfg->endpoint);
-        s->shm_warned = 1;
-        return;
-    }
-    s->shm_conn = c;
-    if (s->held == NULL)
-        s->held = calloc(1, sizeof(*s->held));
-    s->local_on = s->held != NULL; /* without it, every envelope keeps the socket */
-    s->shm_params = maps.params;
-    s->shm_grads = maps.grads;
-    s->shm_model = maps.model;
-    s->shm_bytes = bytes;
-    omv_log_info("worker %u: parameters and gradients go through shared memory with the daemon",
-                 s->worker_id);
 }
 
 static void servers_close(session_t *s, int flush)
@@ -548,7 +407,7 @@ static int handshake(session_t *s, int wait_ms)
         release_engine(s);
     }
     s->job = m.u.welcome.job;
-    shm_attach(s, &m.u.welcome);
+    omv_shmlink_attach(&s->shm, &m.u.welcome, s->worker_id);
     return servers_open(s, &m.u.welcome);
 }
 
@@ -828,33 +687,23 @@ static int send_pull(session_t *s, uint64_t step)
     return 0;
 }
 
-/* Where this step's parameters are read and its gradient written: the shared segments when
- * the daemon sent them that way (the parameters in the model segment when shared), our own
- * buffers otherwise. */
-static void use_transport(session_t *s, int shm, int shared)
+/* Where this step's parameters are read and its gradient written, as the shared-memory link
+ * takes the way the daemon sent shard p (worker/shmlink.h). Returns 0 or -EPROTO. */
+static int take_way(session_t *s, const omv_params_t *p)
 {
-    if (!shm && s->shm_step && !s->shm_warned) {
-        omv_log_warn("worker %u: the daemon no longer uses our shared memory: parameters and "
-                     "gradients travel over %s",
-                     s->worker_id, s->cfg->endpoint);
-        s->shm_warned = 1;
-    }
+    int r = omv_shmlink_step(&s->shm, p, s->have == 0, s->worker_id);
+    if (r < 0 || s->have > 0)
+        return r < 0 ? r : 0;
     /* What int8 rounding kept back belongs to the socket's gradients: shared memory carries
      * fp32, and a residual many steps old would come back as noise. At most a step's rounding
      * is dropped. */
-    if (shm != s->shm_step && s->residual)
+    if (r == 1 && s->residual)
         memset(s->residual, 0, s->job.param_count * sizeof(float));
-    if (shm) /* params is not kept up to date meanwhile: a view begins again after */
+    if (p->wire == OMV_WIRE_SHM) /* params is not kept up to date meanwhile: a view begins again */
         memset(s->view, 0, sizeof(s->view));
-    s->shm_step = shm;
-    s->shared_step = shm && shared;
-    if (s->shared_step && !s->shared_said)
-        omv_log_info("worker %u: reads the parameters in place, in the daemon's own segment "
-                     "(one group: nothing is copied)",
-                     s->worker_id);
-    s->shared_said |= s->shared_step;
-    s->p = s->shared_step ? s->shm_model : shm ? s->shm_params : s->params;
-    s->g = shm ? s->shm_grads : s->grad;
+    s->p = omv_shmlink_params(&s->shm, s->params);
+    s->g = omv_shmlink_grads(&s->shm, s->grad);
+    return 0;
 }
 
 /* The link a message came from, as an index of links (0: the daemon's). */
@@ -922,22 +771,13 @@ static int take_params(session_t *s, const omv_params_t *p)
                       p->batch, j->batch_size);
         return -EPROTO;
     }
-    if (s->have > 0 && ((p->wire == OMV_WIRE_SHM) != s->shm_step ||
-                        (p->wire == OMV_WIRE_SHM && (int)p->shared != s->shared_step))) {
-        omv_log_error("daemon sent a step's parameters partly through shared memory, or partly "
-                      "in place");
-        return -EPROTO;
-    }
-    if (p->wire == OMV_WIRE_SHM && (s->shm_params == NULL || (p->shared && !s->shm_model))) {
-        omv_log_error("daemon sent parameters through shared memory we do not have");
-        return -EPROTO;
-    }
-    if (s->have == 0)
-        use_transport(s, p->wire == OMV_WIRE_SHM, (int)p->shared);
+    int r = take_way(s, p);
+    if (r < 0)
+        return r;
     size_t len = 0;
     const void *data = p->wire == OMV_WIRE_SHM ? NULL : omv_link_payload(s->from, &len);
     if (p->view) {
-        int r = take_view(s, p);
+        r = take_view(s, p);
         if (r != 0)
             return r;
     }
@@ -1061,7 +901,7 @@ static int push_shard(session_t *s, uint32_t sh, float loss, float ms)
     const omv_jobspec_t *j = &s->job;
     uint32_t off = j->shard_offsets[sh], count = j->shard_offsets[sh + 1] - off;
     omv_msg_t m = {.type = OMV_MSG_PUSH};
-    uint32_t wire = s->shm_step ? OMV_WIRE_SHM : j->wire;
+    uint32_t wire = omv_shmlink_push_wire(&s->shm, j->wire);
     /* Batch norm's running statistics (the last shard's tail) are values, not gradients: one
      * int8 step of a block could make a small variance 0. Their shard goes as bf16. */
     if (wire == OMV_WIRE_INT8 && off + count > s->layout.state_offset)
@@ -1378,8 +1218,8 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
 {
     session_t s;
     memset(&s, 0, sizeof(s));
-    s.shm_conn = -1;
     s.cfg = cfg;
+    omv_shmlink_init(&s.shm, cfg);
     s.stop = stop;
     /* The engine splits each batch over cfg->threads threads of its own; BLAS runs one thread
      * per call so that the two pools do not fight (measured: bench/bench_net.c). */
@@ -1411,8 +1251,7 @@ int omv_session_run(const omv_session_config_t *cfg, volatile sig_atomic_t *stop
     if (r == WAIT_DONE)
         r = 0;
     release_engine(&s);
-    shm_detach(&s);
-    free(s.held);
+    omv_shmlink_fini(&s.shm);
     servers_close(&s, 1);
     omv_link_destroy(&s.link);
     return r;
