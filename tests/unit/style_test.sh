@@ -1,12 +1,14 @@
 #!/bin/sh
 # The house rules a machine can check: the tree is clang-formatted, no product function is over
 # 100 lines, and no two files of the daemon's library call each other (no circle of files), nor
-# two of its folders (no circle of subsystems); the same for omnivorectl's library.
-# Usage: style_test.sh SOURCE_ROOT SERVER_LIBRARY CTL_LIBRARY
+# two of its folders (no circle of subsystems); the same for omnivorectl's library and the
+# worker's.
+# Usage: style_test.sh SOURCE_ROOT SERVER_LIBRARY CTL_LIBRARY WORKER_LIBRARY
 set -u
 root=$1
 server_lib=$2
 ctl_lib=$3
+worker_lib=$4
 cd "$root" || exit 1
 rc=0
 files=$(git ls-files '*.c' '*.h' 2>/dev/null)
@@ -38,6 +40,10 @@ if ! tools/file_deps.sh "$server_lib"; then
 fi
 if ! tools/file_deps.sh "$ctl_lib"; then
     echo "style: the files above in $ctl_lib call each other; make the arrows run one way"
+    rc=1
+fi
+if ! tools/file_deps.sh "$worker_lib"; then
+    echo "style: the files above in $worker_lib call each other; make the arrows run one way"
     rc=1
 fi
 [ $rc = 0 ] && echo "style: formatting, function length and file and folder dependencies are clean"
