@@ -112,6 +112,13 @@ int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const void *payload)
     return 0;
 }
 
+int omv_link_send_raw(omv_link_t *self, const void *env, size_t len)
+{
+    if (zmq_send(self->sock, env, len, self->lossy ? ZMQ_DONTWAIT : 0) < 0)
+        return -errno;
+    return 0;
+}
+
 /* Drops the rest of a multipart message. */
 static void drain(omv_link_t *self)
 {

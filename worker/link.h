@@ -31,6 +31,12 @@ void omv_link_abandon(omv_link_t **self_p);
  * Returns 0 or a negative errno. */
 int omv_link_send(omv_link_t *self, const omv_msg_t *msg, const void *payload);
 
+/* Sends an envelope encoded already (omv_wire_encode) of a message that carries no values: the
+ * same frame omv_link_send would send for that message. For envelopes encoded for the
+ * shared-memory connection (worker/shmlink.h) that go over the socket after all, so that
+ * nothing is decoded to be encoded again. Returns 0 or a negative errno. */
+int omv_link_send_raw(omv_link_t *self, const void *env, size_t len);
+
 /* Waits up to timeout_ms (-1: forever) for a message. Returns 0, -EAGAIN on timeout, -EPROTO for
  * a malformed one (reason in why[OMV_WIRE_REASON_MAX]), -EINTR when a signal came. The payload,
  * if any, stays readable through omv_link_payload until the next receive. */
